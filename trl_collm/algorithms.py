@@ -1,0 +1,429 @@
+"""Tensor-level RL building blocks for multi-agent PPO.
+
+Everything here is pure torch: no models, no trainers. Trainers call these
+functions with per-token or per-turn tensors plus a ``mask`` that marks the
+valid entries.
+
+Mask convention used throughout: a mask is bool or 0/1 float with the same
+shape as the data (broadcastable is accepted). Masked-out entries never
+influence a result -- they are replaced with zeros *before* any arithmetic, so
+even NaN/inf padding cannot leak in -- and element-wise outputs are 0 there.
+
+Precision: statistics and losses are accumulated in at least float32 (bf16 /
+fp16 sums lose too much precision over long sequences). Element-wise outputs
+(whiten, zscore, gae, kl, rewards, entropy) are cast back to the input dtype;
+reductions used as losses/stats stay in the accumulation dtype.
+"""
+
+import math
+from typing import Dict, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "masked_mean",
+    "masked_var",
+    "whiten",
+    "zscore_by_group",
+    "gae",
+    "discounted_returns",
+    "kl_per_token",
+    "token_level_rewards",
+    "policy_loss_clipped",
+    "policy_loss_reinforce",
+    "value_loss_clipped",
+    "explained_variance",
+    "entropy_from_logits",
+    "RunningMeanStd",
+]
+
+_KL_ESTIMATORS = ("k1", "k3")
+
+
+# --------------------------------------------------------------------------- #
+# helpers
+# --------------------------------------------------------------------------- #
+def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    # Half precision sums drift badly; float64 callers keep their precision.
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _to_acc(x: Tensor) -> Tensor:
+    return x.to(_acc_dtype(x.dtype))
+
+
+def _bool_mask(mask: Optional[Tensor], like: Tensor) -> Tensor:
+    """Return a bool mask broadcast to ``like``'s shape (all True if None)."""
+    if mask is None:
+        return torch.ones_like(like, dtype=torch.bool)
+    m = mask if mask.dtype == torch.bool else mask != 0
+    return m.to(like.device).expand_as(like)
+
+
+def _zero_masked(x: Tensor, m: Tensor) -> Tensor:
+    # torch.where instead of x * m so NaN/inf in padding never survive (nan*0 = nan).
+    return torch.where(m, x, torch.zeros((), dtype=x.dtype, device=x.device))
+
+
+# --------------------------------------------------------------------------- #
+# masked statistics
+# --------------------------------------------------------------------------- #
+def masked_mean(x: Tensor, mask: Optional[Tensor] = None, dim: Optional[int] = None) -> Tensor:
+    """Mean of the unmasked entries (over everything, or along ``dim``).
+
+    An all-masked slice yields 0 instead of NaN: a loss over an empty batch
+    should contribute nothing rather than poison the optimiser.
+    """
+    xa = _to_acc(x)
+    m = _bool_mask(mask, xa)
+    xs = _zero_masked(xa, m)
+    if dim is None:
+        total, count = xs.sum(), m.sum()
+    else:
+        total, count = xs.sum(dim=dim), m.sum(dim=dim)
+    count = count.to(xa.dtype)
+    return torch.where(count > 0, total / count.clamp(min=1), torch.zeros_like(total))
+
+
+def masked_var(x: Tensor, mask: Optional[Tensor] = None, unbiased: bool = True) -> Tensor:
+    """Variance over all unmasked entries.
+
+    With ``unbiased`` the population variance is scaled by n/(n-1); when only a
+    single entry is valid there is no correction to apply, so the (zero)
+    population variance is returned rather than dividing by zero.
+    """
+    xa = _to_acc(x)
+    m = _bool_mask(mask, xa)
+    mean = masked_mean(xa, m)
+    var = masked_mean((xa - mean) ** 2, m)
+    if unbiased:
+        n = m.sum().to(xa.dtype)
+        # torch.where keeps this sync-free (no .item()) on accelerators.
+        factor = torch.where(n > 1, n / (n - 1).clamp(min=1), torch.ones_like(n))
+        var = var * factor
+    return var
+
+
+def whiten(
+    x: Tensor,
+    mask: Optional[Tensor] = None,
+    shift_mean: bool = True,
+    unbiased: bool = True,
+    eps: float = 1e-8,
+) -> Tensor:
+    """Normalise to unit variance (and zero mean unless ``shift_mean`` is False).
+
+    ``shift_mean=False`` keeps the original mean, which PPO uses for rewards so
+    the sign of the total reward is preserved.
+    """
+    xa = _to_acc(x)
+    m = _bool_mask(mask, xa)
+    mean = masked_mean(xa, m)
+    var = masked_var(xa, m, unbiased=unbiased)
+    out = (xa - mean) * torch.rsqrt(var + eps)
+    if not shift_mean:
+        out = out + mean
+    return _zero_masked(out, m).to(x.dtype)
+
+
+def zscore_by_group(
+    x: Tensor,
+    group_ids: Tensor,
+    mask: Optional[Tensor] = None,
+    unbiased: bool = False,
+    eps: float = 1e-8,
+    std_floor: Optional[float] = None,
+) -> Tensor:
+    """Z-score ``x`` within each group id (e.g. rollouts sharing a prompt).
+
+    Vectorised with index_add over compacted group indices, so cost is
+    independent of the number of groups. Groups with exactly one unmasked
+    element are returned unchanged: a singleton has no spread to normalise by
+    (and the reference implementation only normalises groups with >1 sample).
+    """
+    if group_ids.shape != x.shape:
+        raise ValueError(f"group_ids shape {tuple(group_ids.shape)} must match x shape {tuple(x.shape)}")
+    xa = _to_acc(x)
+    m = _bool_mask(mask, xa)
+    flat_x = xa.reshape(-1)
+    flat_m = m.reshape(-1)
+    # Compact arbitrary (possibly negative / sparse) ids to 0..G-1 for index_add.
+    uniq, inv = torch.unique(group_ids.reshape(-1).to(xa.device), return_inverse=True)
+    num_groups = uniq.numel()
+
+    wm = flat_m.to(xa.dtype)
+    xs = _zero_masked(flat_x, flat_m)
+    counts = torch.zeros(num_groups, dtype=xa.dtype, device=xa.device).index_add_(0, inv, wm)
+    sums = torch.zeros_like(counts).index_add_(0, inv, xs)
+    means = sums / counts.clamp(min=1)
+    centered = _zero_masked(flat_x - means[inv], flat_m)
+    sq = torch.zeros_like(counts).index_add_(0, inv, centered**2)
+    if unbiased:
+        var = sq / (counts - 1).clamp(min=1)
+    else:
+        var = sq / counts.clamp(min=1)
+
+    if std_floor is not None:
+        denom = var.sqrt().clamp(min=std_floor)
+    else:
+        denom = torch.sqrt(var + eps)
+
+    normed = (flat_x - means[inv]) / denom[inv]
+    multi = counts[inv] > 1
+    out = torch.where(multi, normed, flat_x)
+    out = _zero_masked(out, flat_m)
+    return out.reshape(x.shape).to(x.dtype)
+
+
+# --------------------------------------------------------------------------- #
+# advantages / returns
+# --------------------------------------------------------------------------- #
+def gae(
+    rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: float
+) -> Tuple[Tensor, Tensor]:
+    """Generalised Advantage Estimation over the last dim of (B, T) tensors.
+
+    The step after the last valid one is terminal (value 0): rollouts end there,
+    so bootstrapping from padding would inject garbage. Works for turns or
+    tokens alike; the backward loop is over T (small), vectorised over B.
+    """
+    r = _to_acc(rewards)
+    m = _bool_mask(mask, r)
+    r = _zero_masked(r, m)
+    v = _zero_masked(_to_acc(values).expand_as(r), m)
+    mf = m.to(r.dtype)
+    T = r.shape[-1]
+    adv = torch.zeros_like(r)
+    next_adv = torch.zeros_like(r[..., 0])
+    next_val = torch.zeros_like(r[..., 0])
+    for t in reversed(range(T)):
+        # next_val/next_adv are already 0 if step t+1 is masked (zeroed above / below).
+        delta = r[..., t] + gamma * next_val - v[..., t]
+        cur = (delta + gamma * lam * next_adv) * mf[..., t]
+        adv[..., t] = cur
+        next_adv = cur
+        next_val = v[..., t]
+    returns = (adv + v) * mf
+    return adv.to(rewards.dtype), returns.to(rewards.dtype)
+
+
+def discounted_returns(rewards: Tensor, mask: Tensor, gamma: float) -> Tensor:
+    """G_t = sum_k gamma^k r_{t+k}, summing only over valid steps; 0 where masked."""
+    r = _to_acc(rewards)
+    m = _bool_mask(mask, r)
+    r = _zero_masked(r, m)
+    mf = m.to(r.dtype)
+    out = torch.zeros_like(r)
+    running = torch.zeros_like(r[..., 0])
+    for t in reversed(range(r.shape[-1])):
+        running = (r[..., t] + gamma * running) * mf[..., t]
+        out[..., t] = running
+    return out.to(rewards.dtype)
+
+
+# --------------------------------------------------------------------------- #
+# KL and rewards
+# --------------------------------------------------------------------------- #
+def kl_per_token(logprobs: Tensor, ref_logprobs: Tensor, estimator: str = "k1") -> Tensor:
+    """Per-token KL(policy || ref) estimate from sampled-token logprobs.
+
+    k1 is unbiased but can be negative per token; k3 is unbiased and always
+    >= 0 (lower variance), see Schulman's "Approximating KL divergence".
+    """
+    if estimator == "k1":
+        return logprobs - ref_logprobs
+    if estimator == "k3":
+        logr = ref_logprobs - logprobs
+        return torch.expm1(logr) - logr  # expm1 is exact for small logr, where exp(x)-1 cancels
+    raise ValueError(f"kl_estimator must be one of {_KL_ESTIMATORS}, got {estimator!r}")
+
+
+def token_level_rewards(
+    scores: Tensor, kl: Tensor, response_mask: Tensor, kl_coef: float
+) -> Tuple[Tensor, Tensor]:
+    """Per-token PPO rewards: -kl_coef*kl everywhere valid, score at the last valid token.
+
+    Returns (rewards, non_score_reward), both (B, L), in ``kl``'s dtype.
+    The "last valid token" is found as the largest valid index, so it does not
+    rely on the mask being a strict prefix. Rows with no valid token get 0.
+    """
+    k = _to_acc(kl)
+    m = _bool_mask(response_mask, k)
+    non_score = _zero_masked(-kl_coef * k, m)
+    L = k.shape[-1]
+    pos = torch.arange(L, device=k.device).expand_as(m)
+    last = torch.where(m, pos, torch.full_like(pos, -1)).max(dim=-1).values  # (B,)
+    has_valid = last >= 0
+    s = scores.to(device=k.device, dtype=k.dtype).reshape(last.shape)
+    s = torch.where(has_valid, s, torch.zeros_like(s))
+    bonus = torch.zeros_like(k).scatter_(-1, last.clamp(min=0).unsqueeze(-1), s.unsqueeze(-1))
+    rewards = non_score + bonus
+    return rewards.to(kl.dtype), non_score.to(kl.dtype)
+
+
+# --------------------------------------------------------------------------- #
+# losses
+# --------------------------------------------------------------------------- #
+def _expand_adv(advantages: Tensor, like: Tensor) -> Tensor:
+    # (B,) per-sequence advantages apply to every token of the sequence.
+    a = _to_acc(advantages).to(like.device)
+    if a.dim() == like.dim() - 1:
+        a = a.unsqueeze(-1)
+    return a.expand_as(like)
+
+
+def policy_loss_clipped(
+    new_logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    cliprange: Optional[float],
+) -> Tuple[Tensor, Dict[str, Tensor]]:
+    """PPO clipped surrogate loss (to minimise) plus detached diagnostics.
+
+    Advantages are detached: they are targets, and a gradient leaking into a
+    shared value head through them would silently change the objective.
+    """
+    new = _to_acc(new_logprobs)
+    m = _bool_mask(mask, new)
+    diff = _zero_masked(new - _to_acc(old_logprobs).to(new.device), m)
+    ratio = torch.exp(diff)
+    adv = _zero_masked(_expand_adv(advantages.detach(), new), m)
+    l1 = -adv * ratio
+    if cliprange is None:
+        l2 = l1
+    else:
+        l2 = -adv * torch.clamp(ratio, 1.0 - cliprange, 1.0 + cliprange)
+    loss = masked_mean(torch.max(l1, l2), m)
+    with torch.no_grad():
+        stats = {
+            "clipfrac": masked_mean((l2 > l1).to(new.dtype), m),
+            "approxkl": 0.5 * masked_mean(diff**2, m),
+            "ratio_mean": masked_mean(ratio, m),
+            "ratio_var": masked_var(ratio, m, unbiased=False),
+        }
+    return loss, {k: v.detach() for k, v in stats.items()}
+
+
+def policy_loss_reinforce(new_logprobs: Tensor, advantages: Tensor, mask: Tensor) -> Tensor:
+    """REINFORCE: mean over sequences of -(sum of valid-token logprobs) * A.
+
+    Summing (not averaging) over tokens matches the reference rule, so each
+    valid token gets gradient -A/B. Advantages are detached (constants).
+    """
+    lp = _to_acc(new_logprobs)
+    m = _bool_mask(mask, lp)
+    seq_lp = _zero_masked(lp, m).sum(dim=-1)
+    adv = _to_acc(advantages.detach()).to(lp.device).reshape(seq_lp.shape)
+    return (-(seq_lp * adv)).mean()
+
+
+def value_loss_clipped(
+    values: Tensor,
+    old_values: Tensor,
+    returns: Tensor,
+    mask: Optional[Tensor],
+    cliprange_value: Optional[float],
+) -> Tuple[Tensor, Dict[str, Tensor]]:
+    """PPO clipped value loss: 0.5 * mean(max(unclipped, clipped) squared error)."""
+    v = _to_acc(values)
+    m = _bool_mask(mask, v)
+    old = _zero_masked(_to_acc(old_values).to(v.device).expand_as(v), m)
+    ret = _zero_masked(_to_acc(returns).to(v.device).expand_as(v), m)
+    v = _zero_masked(v, m)
+    err1 = (v - ret) ** 2
+    if cliprange_value is None:
+        loss = 0.5 * masked_mean(err1, m)
+        clipfrac = torch.zeros((), dtype=v.dtype, device=v.device)
+    else:
+        v_clipped = old + torch.clamp(v - old, -cliprange_value, cliprange_value)
+        err2 = (v_clipped - ret) ** 2
+        loss = 0.5 * masked_mean(torch.max(err1, err2), m)
+        clipfrac = masked_mean((err2 > err1).to(v.dtype), m)
+    return loss, {"clipfrac": clipfrac.detach()}
+
+
+# --------------------------------------------------------------------------- #
+# diagnostics
+# --------------------------------------------------------------------------- #
+def explained_variance(values: Tensor, returns: Tensor, mask: Optional[Tensor] = None) -> float:
+    """1 - Var(returns - values) / Var(returns); NaN when returns are constant."""
+    with torch.no_grad():
+        ret = _to_acc(returns)
+        v = _to_acc(values).to(ret.device).expand_as(ret)
+        m = _bool_mask(mask, ret)
+        var_y = masked_var(ret, m, unbiased=False)
+        if float(var_y) == 0.0:
+            return math.nan
+        var_res = masked_var(ret - v, m, unbiased=False)
+        return float(1.0 - var_res / var_y)
+
+
+def entropy_from_logits(logits: Tensor) -> Tensor:
+    """Per-position entropy H = logsumexp(l) - sum softmax(l) * l over the last dim.
+
+    Entries with zero probability (e.g. -inf masked vocabulary) are replaced by
+    0 before the product, so 0 * -inf never produces NaN in value or gradient.
+    """
+    la = _to_acc(logits)
+    # Entropy is shift-invariant; subtracting the row max keeps both terms O(1)
+    # so they do not cancel catastrophically for large logits (1000.69 - 1000
+    # in float32 loses ~4 digits). Detached: the shift has no effect on H.
+    row_max = la.detach().amax(dim=-1, keepdim=True)
+    row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
+    la = la - row_max
+    p = torch.softmax(la, dim=-1)
+    safe_l = torch.where(p > 0, la, torch.zeros_like(la))
+    ent = torch.logsumexp(la, dim=-1) - (p * safe_l).sum(dim=-1)
+    return ent.to(logits.dtype)
+
+
+# --------------------------------------------------------------------------- #
+# running statistics
+# --------------------------------------------------------------------------- #
+class RunningMeanStd:
+    """Running mean/variance of a scalar stream (Chan et al. parallel merge).
+
+    Stored as Python floats (float64 precision) so the object is device-agnostic
+    and trivially checkpointable. ``count`` starts at ``epsilon`` with var 1 so
+    normalise() is well defined before the first update.
+    """
+
+    def __init__(self, epsilon: float = 1e-4):
+        self.mean: float = 0.0
+        self.var: float = 1.0
+        self.count: float = float(epsilon)
+
+    def update(self, x: Tensor, mask: Optional[Tensor] = None) -> None:
+        with torch.no_grad():
+            xd = x.detach().to(torch.float64)
+            m = _bool_mask(mask, xd)
+            vals = xd[m]
+            n = vals.numel()
+            if n == 0:
+                return
+            b_mean = float(vals.mean())
+            b_var = float(((vals - b_mean) ** 2).mean())  # population var of the batch
+        total = self.count + n
+        delta = b_mean - self.mean
+        # Merge sums of squared deviations (M2), then renormalise by the new count.
+        m2 = self.var * self.count + b_var * n + delta * delta * self.count * n / total
+        self.mean = self.mean + delta * n / total
+        self.var = m2 / total
+        self.count = total
+
+    def normalize(self, x: Tensor) -> Tensor:
+        return (x - self.mean) / math.sqrt(self.var + 1e-8)
+
+    def denormalize(self, x: Tensor) -> Tensor:
+        return x * math.sqrt(self.var + 1e-8) + self.mean
+
+    def state_dict(self) -> dict:
+        return {"mean": self.mean, "var": self.var, "count": self.count}
+
+    def load_state_dict(self, d: dict) -> None:
+        # float() accepts both Python numbers and 0-d tensors from older checkpoints.
+        self.mean = float(d["mean"])
+        self.var = float(d["var"])
+        self.count = float(d["count"])

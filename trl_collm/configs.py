@@ -1,0 +1,262 @@
+"""Configuration dataclasses.
+
+`MultiAgentPPOConfig` derives from TRL's `_BaseConfig` (itself a `transformers.TrainingArguments`), so it is also a
+command line through `HfArgumentParser` / `TrlParser`. It keeps every field name and default of TRL's last
+`PPOConfig` (TRL <= 1.12), so a script written for that trainer parses the same flags, and adds the team fields.
+TRL's `world_size` field is deliberately *not* re-declared: it shadowed `TrainingArguments.world_size` and broke
+DeepSpeed.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from dataclasses import dataclass, field
+
+from trl.trainer.base_config import _BaseConfig
+
+# One word selects the paper's reference update rule (comlrl 1.3.2). Every key here is a field of the config;
+# values are applied in __post_init__ and documented in docs/presets.md.
+PRESETS: dict[str, dict] = {
+    "collm": dict(
+        advantage_level="turn",
+        gamma=0.9,
+        lam=0.0,  # TD(0): the advantage is the TD error delta_t
+        num_ppo_epochs=1,
+        policy_loss_type="reinforce",  # -(sum of completion log-probs) * advantage; no ratio, no clipping
+        cliprange_value=None,
+        vf_coef=1.2,  # 0.5 * 1.2 = 0.6 * squared error, the reference's value_loss_coef
+        kl_coef=0.0,
+        advantage_norm_scope="agent_turn",
+        advantage_norm_std_floor=1e-6,  # population std clamped at 1e-6, as the reference does
+        whiten_rewards=False,
+        value_normalization=False,
+        learning_rate=5e-6,
+        max_grad_norm=0.5,
+        grad_clip_scope="per_module",  # actor i and critic clipped separately (separate optimizers there)
+        critic_updates="per_agent",  # the shared critic gets one step per agent (and turn) group
+        scale_logits_by_temperature=False,  # reference log-probs use raw logits
+        temperature=0.6,
+        top_p=0.6,
+        missing_eos_penalty=None,
+        weight_decay=0.0,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+    ),
+}
+# The same rule with gamma=1.0 and no gradient clipping, as in comlrl 1.4.3.
+PRESETS["collm-1.4"] = dict(PRESETS["collm"], gamma=1.0, max_grad_norm=None)
+
+_CHOICES = {
+    "critic_type": ("centralized", "decentralized"),
+    "critic_placement": ("separate", "actor_head", "shared_base_adapter"),
+    "centralized_value": ("team", "per_agent_heads", "agent_tagged"),
+    "advantage_level": ("turn", "token"),
+    "critic_updates": ("joint", "per_agent"),
+    "reward_type": ("auto", "joint", "per_agent"),
+    "advantage_norm_scope": ("agent_turn", "agent", "batch", "none"),
+    "policy_loss_type": ("ppo", "reinforce"),
+    "grad_clip_scope": ("global", "per_module"),
+    "kl_estimator": ("k1", "k3"),
+    "agent_context": ("observation", "history"),
+}
+
+
+@dataclass
+class MultiAgentPPOConfig(_BaseConfig):
+    r"""Configuration of [`MultiAgentPPOTrainer`].
+
+    The first block of fields repeats TRL's last `PPOConfig` (same names, same defaults). The second block describes
+    the team, the critic layout and the update rule. Derived batch sizes (`batch_size`, `mini_batch_size`, ...) are
+    filled in by the trainer, as TRL's PPO did.
+    """
+
+    # ------------------------------------------------------------------ TRL PPOConfig fields (same defaults)
+    exp_name: str = field(
+        default=os.path.basename(sys.argv[0])[: -len(".py")] if sys.argv and sys.argv[0].endswith(".py") else "trl_collm",
+        metadata={"help": "Name of this experiment."},
+    )
+    learning_rate: float = field(default=3e-6, metadata={"help": "Learning rate (actors; critics too unless `critic_learning_rate`)."})
+    run_name: str | None = field(default=None, metadata={"help": "Name of the run."})
+    dataset_num_proc: int | None = field(default=None, metadata={"help": "Number of processes to use for processing the dataset."})
+    num_mini_batches: int = field(default=1, metadata={"help": "Number of minibatches to split a batch into."})
+    total_episodes: int | None = field(
+        default=None, metadata={"help": "Total number of episodes in the dataset. Defaults to num_train_epochs * len(train_dataset)."}
+    )
+    local_rollout_forward_batch_size: int = field(
+        default=64, metadata={"help": "Per rank no grad forward pass in the rollout phase."}
+    )
+    num_sample_generations: int = field(
+        default=10, metadata={"help": "Number of debugging samples generations (i.e., `generate_completions` calls) throughout training."}
+    )
+    response_length: int = field(default=53, metadata={"help": "Length of the response (max new tokens)."})
+    stop_token: str | None = field(default=None, metadata={"help": "Specifies the stop token to use for text generation. Only 'eos' is supported."})
+    stop_token_id: int | None = field(default=None, metadata={"help": "Specifies the ID of the stop token to use for text generation."})
+    temperature: float = field(default=0.7, metadata={"help": "Sampling temperature."})
+    missing_eos_penalty: float | None = field(
+        default=None, metadata={"help": "Penalty subtracted from the score of responses that do not end with the stop/EOS token."}
+    )
+    sft_model_path: str = field(default="EleutherAI/pythia-160m", metadata={"help": "Path to the SFT model."})
+    num_total_batches: int | None = field(default=None, metadata={"help": "Number of total PPO batches (computed at runtime)."})
+    micro_batch_size: int | None = field(default=None, metadata={"help": "Micro batch size across devices (computed at runtime)."})
+    local_batch_size: int | None = field(default=None, metadata={"help": "Batch size per GPU (computed at runtime)."})
+    batch_size: int | None = field(default=None, metadata={"help": "Batch size across devices (computed at runtime)."})
+    local_mini_batch_size: int | None = field(default=None, metadata={"help": "Mini batch size per GPU (computed at runtime)."})
+    mini_batch_size: int | None = field(default=None, metadata={"help": "Mini batch size across GPUs (computed at runtime)."})
+    push_to_hub: bool = field(default=False, metadata={"help": "Whether to push the model to the Hub after training."})
+    reward_model_path: str = field(default="EleutherAI/pythia-160m", metadata={"help": "Path to the reward model."})
+    model_adapter_name: str | None = field(default=None, metadata={"help": "Name of the train target PEFT adapter, when using LoRA with multiple adapters."})
+    ref_adapter_name: str | None = field(default=None, metadata={"help": "Name of the reference PEFT adapter, when using LoRA with multiple adapters."})
+    num_ppo_epochs: int = field(default=4, metadata={"help": "Number of epochs to train."})
+    whiten_rewards: bool = field(default=False, metadata={"help": "Whether to whiten the rewards."})
+    kl_coef: float = field(default=0.05, metadata={"help": "KL coefficient."})
+    kl_estimator: str = field(default="k1", metadata={"help": "KL estimator: 'k1' (unbiased, high variance) or 'k3' (unbiased, lower variance)."})
+    cliprange: float | None = field(default=0.2, metadata={"help": "Clip range (None: no clipping)."})
+    vf_coef: float = field(default=0.1, metadata={"help": "Value function coefficient."})
+    cliprange_value: float | None = field(default=0.2, metadata={"help": "Clip range for the value function (None: no clipping)."})
+    gamma: float = field(default=1.0, metadata={"help": "Discount factor."})
+    lam: float = field(default=0.95, metadata={"help": "Lambda value for GAE."})
+    ds3_gather_for_generation: bool = field(
+        default=True, metadata={"help": "Gather ZeRO-3 weights for generation (faster; set False for models that do not fit on one device)."}
+    )
+
+    # TRL's base turns activation checkpointing on; RL alternates generation and training forwards, so we leave it
+    # off unless asked (`--activation_checkpointing`). None keeps transformers from warning about the old name.
+    gradient_checkpointing: bool | None = field(default=None, metadata={"help": "Deprecated alias of activation_checkpointing."})
+
+    # ------------------------------------------------------------------ the team
+    agent_names: list[str] | None = field(
+        default=None, metadata={"help": "Names of the agents (used in logs, folders, cards). Defaults to agent_0..agent_{n-1}."}
+    )
+    num_agents: int | None = field(default=None, metadata={"help": "Number of agents when `model` is one path or model to replicate."})
+    num_turns: int = field(default=1, metadata={"help": "Maximum number of turns per episode."})
+    agent_context: str = field(
+        default="observation",
+        metadata={"help": "What an agent is prompted with at turn t: 'observation' (the env's text, which may embed history) "
+                  "or 'history' (its own previous observations and completions followed by the new observation)."},
+    )
+    top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling for generation."})
+    top_k: int | None = field(default=None, metadata={"help": "Top-k sampling for generation (None: off)."})
+    scale_logits_by_temperature: bool = field(
+        default=True, metadata={"help": "Compute log-probs from logits / temperature (TRL PPO) or from raw logits (reference code)."}
+    )
+    reward_weights: list[float] | None = field(default=None, metadata={"help": "Weights of the reward functions (default 1.0 each)."})
+    reward_type: str = field(
+        default="auto",
+        metadata={"help": "'joint' (one reward per episode shared by all agents), 'per_agent' (a vector of n), or 'auto' (accept both)."},
+    )
+    early_termination_threshold: float | None = field(
+        default=None, metadata={"help": "End an episode early once the mean reward of a turn exceeds this value."}
+    )
+
+    # ------------------------------------------------------------------ the critic
+    critic_type: str = field(
+        default="centralized",
+        metadata={"help": "'centralized' (CoLLM-CC: one critic over the joint view) or 'decentralized' (CoLLM-DC: one critic per agent over its own view)."},
+    )
+    critic_placement: str | None = field(
+        default=None,
+        metadata={"help": "'separate' (a value model), 'actor_head' (a value head on an actor's backbone) or 'shared_base_adapter' "
+                  "(LoRA adapter + head on the shared base). Default: 'shared_base_adapter' for a shared-base team, else 'separate'."},
+    )
+    centralized_value: str = field(
+        default="per_agent_heads",
+        metadata={"help": "Centralized critic output: 'team' (one value for the team, as the reference), 'per_agent_heads' (one head per agent), "
+                  "or 'agent_tagged' (one head, the view tagged with the agent it values)."},
+    )
+    critic_sees_joint_action: bool = field(
+        default=False, metadata={"help": "Centralized critic also reads the other agents' current completions (the reference's Q-variant)."}
+    )
+    critic_backbone_agent: str | None = field(
+        default=None, metadata={"help": "For critic_placement='actor_head' with a centralized critic: whose backbone carries the head (default: first agent)."}
+    )
+    critic_learning_rate: float | None = field(default=None, metadata={"help": "Learning rate of the critic parameters (default: learning_rate)."})
+    critic_updates: str = field(
+        default="joint",
+        metadata={"help": "'joint': one optimizer step per minibatch for actors and critic together; 'per_agent': the critic is stepped once "
+                  "per agent (and turn) group, as the reference code does."},
+    )
+    value_normalization: bool = field(default=False, metadata={"help": "Train the critic on running-normalised returns."})
+
+    # ------------------------------------------------------------------ the update rule
+    advantage_level: str = field(
+        default="turn",
+        metadata={"help": "'turn': the completion is one action valued at the end of its prompt (paper); 'token': per-token values, KL and GAE (TRL PPO)."},
+    )
+    advantage_norm_scope: str = field(
+        default="agent_turn", metadata={"help": "Where advantages are whitened: 'agent_turn', 'agent', 'batch' or 'none'."}
+    )
+    advantage_norm_std_floor: float | None = field(
+        default=None, metadata={"help": "If set, advantages are divided by max(population std, floor) (reference) instead of sqrt(var + 1e-8)."}
+    )
+    policy_loss_type: str = field(default="ppo", metadata={"help": "'ppo' (clipped ratio surrogate) or 'reinforce' (reference rule)."})
+    grad_clip_scope: str = field(
+        default="global", metadata={"help": "'global': one grad-norm clip over everything; 'per_module': each agent and critic clipped on its own."}
+    )
+    preset: str | None = field(
+        default=None,
+        metadata={"help": "One word that sets the update rule: 'collm' (the paper's reference rule, comlrl 1.3.2) or 'collm-1.4' (gamma 1.0, no grad clip)."},
+    )
+
+    def __post_init__(self):
+        if self.preset is not None:
+            if self.preset not in PRESETS:
+                raise ValueError(f"`preset`={self.preset!r} is unknown; choose one of {sorted(PRESETS)} or leave it unset.")
+            for key, value in PRESETS[self.preset].items():
+                setattr(self, key, value)
+        super().__post_init__()
+        self._validate()
+
+    def _validate(self):
+        for name, allowed in _CHOICES.items():
+            if name == "critic_placement":
+                continue  # None means "pick from the team layout"
+            value = getattr(self, name)
+            if value not in allowed:
+                raise ValueError(f"`{name}`={value!r} is not valid; choose one of {list(allowed)}.")
+        if self.critic_placement is not None and self.critic_placement not in _CHOICES["critic_placement"]:
+            raise ValueError(f"`critic_placement`={self.critic_placement!r} is not valid; choose one of {list(_CHOICES['critic_placement'])}.")
+        positive_ints = ("num_turns", "num_ppo_epochs", "num_mini_batches", "response_length", "local_rollout_forward_batch_size")
+        for name in positive_ints:
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"`{name}` must be >= 1, got {getattr(self, name)}.")
+        if self.num_agents is not None and self.num_agents < 1:
+            raise ValueError(f"`num_agents` must be >= 1, got {self.num_agents}.")
+        if self.agent_names is not None:
+            if len(set(self.agent_names)) != len(self.agent_names):
+                raise ValueError(f"`agent_names` must be unique, got {self.agent_names}.")
+            bad = [n for n in self.agent_names if not n or "/" in n or n.startswith(".") or n in ("critic", "critics")]
+            if bad:
+                raise ValueError(f"`agent_names` {bad} cannot be used as folder names; use names without '/' that are not 'critic'.")
+            if self.num_agents is not None and self.num_agents != len(self.agent_names):
+                raise ValueError(
+                    f"`num_agents`={self.num_agents} but `agent_names` has {len(self.agent_names)} names; drop one of them or make them agree."
+                )
+        if not 0.0 <= self.gamma <= 1.0:
+            raise ValueError(f"`gamma` must be in [0, 1], got {self.gamma}.")
+        if not 0.0 <= self.lam <= 1.0:
+            raise ValueError(f"`lam` must be in [0, 1], got {self.lam}.")
+        if self.temperature <= 0:
+            raise ValueError(f"`temperature` must be > 0, got {self.temperature}.")
+        if self.cliprange is not None and self.cliprange <= 0:
+            raise ValueError(f"`cliprange` must be > 0 or None, got {self.cliprange}.")
+        if self.stop_token is not None and self.stop_token != "eos":
+            raise ValueError(f"`stop_token`={self.stop_token!r}: only 'eos' is supported (or set `stop_token_id`).")
+        if self.advantage_level == "token" and self.critic_type == "centralized" and self.centralized_value == "team":
+            raise ValueError(
+                "`advantage_level='token'` needs a value per agent token; set `centralized_value='per_agent_heads'` or 'agent_tagged'."
+            )
+        if self.reward_type == "per_agent" and self.critic_type == "centralized" and self.centralized_value == "team":
+            raise ValueError(
+                "`reward_type='per_agent'` with one team value cannot credit agents separately; set `centralized_value='per_agent_heads'`."
+            )
+        if self.policy_loss_type == "reinforce" and self.num_ppo_epochs > 1:
+            raise ValueError(
+                "`policy_loss_type='reinforce'` is on-policy (no ratio); set `num_ppo_epochs=1` or use `policy_loss_type='ppo'`."
+            )
+        if self.reward_weights is not None and any(not math.isfinite(w) for w in self.reward_weights):
+            raise ValueError(f"`reward_weights` must be finite numbers, got {self.reward_weights}.")
+        if self.critic_updates == "per_agent" and self.critic_type != "centralized":
+            # Decentralized critics are disjoint, so stepping per agent is the same as one joint step.
+            self.critic_updates = "joint"

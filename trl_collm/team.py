@@ -1,0 +1,313 @@
+"""The agents: separate models (any architecture, own tokenizer) or named LoRA adapters on one shared frozen base.
+
+`AgentTeam` owns the policies, their tokenizers and their reference policies, and knows how to
+- encode observations (text or token ids) with each agent's tokenizer (left padding),
+- generate for a whole batch per agent, or for all agents in one call when they are adapters on one base,
+- compute per-token log-probs of given responses (policy and reference),
+- save itself as one folder per agent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+Observation = str | list[int]
+
+
+@dataclass
+class Generation:
+    """What one agent produced for a batch of prompts (B rows)."""
+
+    query_ids: torch.Tensor  # (B, Lq) left-padded prompt tokens
+    query_mask: torch.Tensor  # (B, Lq) 1 on real prompt tokens
+    response_ids: torch.Tensor  # (B, Lr) sampled tokens, pad after the stop token
+    response_mask: torch.Tensor  # (B, Lr) bool: tokens up to and including the first stop token
+    texts: list[str]  # decoded responses (stop token and padding removed)
+    ended: torch.Tensor  # (B,) bool: the response contains the stop token
+
+
+def position_ids_from_mask(mask: torch.Tensor) -> torch.Tensor:
+    # Left padding shifts real tokens right; generate() numbers positions from the first real token, so the
+    # training forward must do the same or the log-probs of the rollout and of the update would disagree.
+    return (mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def _set_adapter_keep_grads(model, name: str, trainable: list[str]) -> None:
+    """Activate one adapter without freezing the others (PEFT's set_adapter flips requires_grad)."""
+    model.set_adapter(name)
+    for param_name, param in model.named_parameters():
+        if any(f".{a}." in param_name for a in trainable) and "lora_" in param_name:
+            param.requires_grad_(True)
+
+
+class AgentTeam(nn.Module):
+    """n agents. Either `policies` (name -> model, separate layout) or `shared_base` (a PeftModel whose adapters are
+    named after the agents) must be given.
+    """
+
+    def __init__(
+        self,
+        names: list[str],
+        tokenizers: dict,
+        policies: dict[str, nn.Module] | None = None,
+        shared_base: nn.Module | None = None,
+        ref_policies: dict[str, nn.Module | None] | None = None,
+    ):
+        super().__init__()
+        if (policies is None) == (shared_base is None):
+            raise ValueError("AgentTeam needs exactly one of `policies` (separate models) or `shared_base` (LoRA adapters).")
+        self.names = list(names)
+        self.tokenizers = dict(tokenizers)
+        self.layout = "shared_base" if shared_base is not None else "separate"
+        if policies is not None:
+            self.policies = nn.ModuleDict({n: policies[n] for n in self.names})
+        else:
+            self.shared_base = shared_base
+            self.extra_adapters: list[str] = []  # critic adapters registered later by the critic
+        # Reference policies are frozen and kept outside the module tree, so optimizers and DeepSpeed never see them.
+        self._refs = dict(ref_policies or {})
+
+    # ------------------------------------------------------------------ access
+    def model_of(self, name: str) -> nn.Module:
+        return self.shared_base if self.layout == "shared_base" else self.policies[name]
+
+    def trainable_adapters(self) -> list[str]:
+        return list(self.names) + list(getattr(self, "extra_adapters", []))
+
+    @contextlib.contextmanager
+    def active(self, name: str):
+        """Yields the module that computes agent `name` (for a shared base: the base with that adapter on)."""
+        if self.layout == "separate":
+            yield self.policies[name]
+            return
+        base = self.shared_base
+        previous = base.active_adapter
+        _set_adapter_keep_grads(base, name, self.trainable_adapters())
+        try:
+            yield base
+        finally:
+            _set_adapter_keep_grads(base, previous, self.trainable_adapters())
+
+    def agent_parameters(self, name: str) -> list[nn.Parameter]:
+        if self.layout == "separate":
+            return [p for p in self.policies[name].parameters() if p.requires_grad]
+        return [p for n, p in self.shared_base.named_parameters() if "lora_" in n and f".{name}." in n]
+
+    def has_reference(self, name: str) -> bool:
+        if self.layout == "shared_base":
+            return True
+        return self._refs.get(name) is not None or _is_peft(self.policies[name])
+
+    # ------------------------------------------------------------------ tokens
+    def encode(self, name: str, observations: list[Observation], device, max_length: int | None = None):
+        """Left-padded (ids, mask) for one agent. Observations may be text or token-id lists."""
+        tok = self.tokenizers[name]
+        rows = []
+        for obs in observations:
+            if isinstance(obs, str):
+                ids = tok(obs, add_special_tokens=False)["input_ids"]
+            else:
+                ids = list(obs)
+            if max_length is not None and len(ids) > max_length:
+                ids = ids[-max_length:]  # keep the end: it holds the latest turn
+            rows.append(ids)
+        return _left_pad(rows, tok.pad_token_id, device)
+
+    def decode_observation(self, name: str, obs: Observation) -> str:
+        if isinstance(obs, str):
+            return obs
+        return self.tokenizers[name].decode(obs, skip_special_tokens=True)
+
+    def stop_token_id(self, name: str, override: int | None = None) -> int:
+        return override if override is not None else self.tokenizers[name].eos_token_id
+
+    # ------------------------------------------------------------------ generation
+    @torch.no_grad()
+    def generate(
+        self,
+        observations: dict[str, list[Observation]],
+        device,
+        gen_kwargs: dict,
+        stop_token_id: int | None = None,
+        batch_size: int | None = None,
+        unwrap=None,
+    ) -> dict[str, Generation]:
+        """Sample one completion per observation for every agent.
+
+        Separate models: one generate() call per agent over its whole batch. Shared base: one call for all agents,
+        each row routed to its agent's adapter (PEFT mixed-adapter batch).
+        `unwrap` is a context-manager factory (model -> model) used to gather ZeRO-3 weights, or None.
+        """
+        unwrap = unwrap or contextlib.nullcontext
+        if self.layout == "shared_base":
+            names = [n for n in self.names if observations.get(n)]
+            encoded = {n: self.encode(n, observations[n], device) for n in names}
+            tok = self.tokenizers[self.names[0]]
+            all_rows = [row for n in names for row in _unpad_rows(*encoded[n])]
+            ids, mask = _left_pad(all_rows, tok.pad_token_id, device)
+            adapter_names = [n for n in names for _ in range(len(observations[n]))]
+            with unwrap(self.shared_base) as model:
+                out = _chunked_generate(model, ids, mask, gen_kwargs, batch_size, adapter_names)
+            result, start = {}, 0
+            for n in names:
+                count = len(observations[n])
+                rows = slice(start, start + count)
+                result[n] = self._finish(n, ids[rows], mask[rows], out[rows, ids.shape[1]:], stop_token_id)
+                # Each agent's own prompt padding may be shorter than the joint one; trim the shared left padding.
+                result[n] = _trim_left(result[n])
+                start += count
+            return result
+        result = {}
+        for n in self.names:
+            if not observations.get(n):
+                continue
+            ids, mask = self.encode(n, observations[n], device)
+            with unwrap(self.policies[n]) as model:
+                out = _chunked_generate(model, ids, mask, gen_kwargs, batch_size, None)
+            result[n] = self._finish(n, ids, mask, out[:, ids.shape[1]:], stop_token_id)
+        return result
+
+    def _finish(self, name, query_ids, query_mask, response_ids, stop_token_id) -> Generation:
+        tok = self.tokenizers[name]
+        stop = self.stop_token_id(name, stop_token_id)
+        is_stop = response_ids == stop
+        # Everything after the first stop token is padding; the stop token itself belongs to the action.
+        after_stop = (is_stop.long().cumsum(-1) - is_stop.long()) > 0
+        response_mask = ~after_stop
+        ended = is_stop.any(-1)
+        response_ids = response_ids.masked_fill(~response_mask, tok.pad_token_id)
+        texts = [
+            tok.decode(r[m & (r != stop)].tolist(), skip_special_tokens=True) for r, m in zip(response_ids, response_mask)
+        ]
+        if response_ids.shape[1] == 0:
+            response_mask = response_mask.bool()
+        return Generation(query_ids, query_mask, response_ids, response_mask, texts, ended)
+
+    # ------------------------------------------------------------------ log-probs
+    def logprobs(
+        self,
+        name: str,
+        query_ids,
+        query_mask,
+        response_ids,
+        response_mask,
+        temperature: float = 1.0,
+        with_entropy: bool = False,
+        reference: bool = False,
+    ):
+        """Per-token log-probs (B, Lr) of `response_ids` under agent `name` (or its reference policy)."""
+        from trl.trainer.utils import entropy_from_logits, selective_log_softmax
+
+        ids = torch.cat([query_ids, response_ids], dim=1)
+        mask = torch.cat([query_mask.long(), response_mask.long()], dim=1)
+        lr = response_ids.shape[1]
+        with self._reference_ctx(name) if reference else self.active(name) as model:
+            model = self._refs[name] if reference and self._refs.get(name) is not None else model
+            out = model(
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=position_ids_from_mask(mask),
+                logits_to_keep=lr + 1,
+                use_cache=False,
+            )
+        logits = out.logits[:, :-1].float() / temperature
+        logp = selective_log_softmax(logits, response_ids)
+        logp = logp.masked_fill(~response_mask.bool(), 0.0)
+        if not with_entropy:
+            return logp, None
+        return logp, entropy_from_logits(logits)
+
+    @contextlib.contextmanager
+    def _reference_ctx(self, name):
+        if self._refs.get(name) is not None:
+            yield self._refs[name]
+            return
+        model = self.model_of(name)
+        if not _is_peft(model):
+            raise ValueError(f"Agent {name!r} has no reference policy; pass `ref_model` or set `kl_coef=0`.")
+        with self.active(name) as m, m.disable_adapter():
+            yield m
+
+    # ------------------------------------------------------------------ saving
+    def save_agent(self, name: str, path: str, safe_serialization: bool = True, state_dict=None) -> None:
+        model = self.model_of(name)
+        if self.layout == "shared_base":
+            model.save_pretrained(path, selected_adapters=[name], safe_serialization=safe_serialization)
+            _flatten_adapter_folder(path, name)
+        else:
+            model.save_pretrained(path, safe_serialization=safe_serialization, state_dict=state_dict)
+        self.tokenizers[name].save_pretrained(path)
+
+
+def _is_peft(model) -> bool:
+    try:
+        from peft import PeftModel
+    except ImportError:  # pragma: no cover
+        return False
+    return isinstance(model, PeftModel)
+
+
+def _flatten_adapter_folder(path: str, name: str) -> None:
+    """PEFT saves non-default adapters under path/<name>/; move them up so the folder loads with from_pretrained."""
+    import os
+    import shutil
+
+    nested = os.path.join(path, name)
+    if os.path.isdir(nested):
+        for entry in os.listdir(nested):
+            shutil.move(os.path.join(nested, entry), os.path.join(path, entry))
+        os.rmdir(nested)
+
+
+def _left_pad(rows: list[list[int]], pad_id: int, device):
+    width = max((len(r) for r in rows), default=0)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        if r:
+            ids[i, width - len(r):] = torch.tensor(r, dtype=torch.long)
+            mask[i, width - len(r):] = 1
+    return ids.to(device), mask.to(device)
+
+
+def _unpad_rows(ids, mask) -> list[list[int]]:
+    return [row[m.bool()].tolist() for row, m in zip(ids, mask)]
+
+
+def _trim_left(gen: Generation) -> Generation:
+    keep = gen.query_mask.any(0)
+    if keep.all() or not keep.any():
+        return gen
+    first = int(keep.nonzero()[0])
+    gen.query_ids = gen.query_ids[:, first:]
+    gen.query_mask = gen.query_mask[:, first:]
+    return gen
+
+
+def _chunked_generate(model, ids, mask, gen_kwargs, batch_size, adapter_names):
+    outs = []
+    step = batch_size or ids.shape[0] or 1
+    width = None
+    for start in range(0, ids.shape[0], step):
+        kwargs = dict(gen_kwargs)
+        if adapter_names is not None:
+            kwargs["adapter_names"] = adapter_names[start : start + step]
+        out = model.generate(input_ids=ids[start : start + step], attention_mask=mask[start : start + step], **kwargs)
+        outs.append(out)
+    # Chunks may stop at different lengths; right-pad them to one width with the pad token.
+    width = max(o.shape[1] for o in outs)
+    pad_id = gen_kwargs["pad_token_id"]
+    return torch.cat([torch.nn.functional.pad(o, (0, width - o.shape[1]), value=pad_id) for o in outs], dim=0)
+
+
+def freeze_copy(model: nn.Module) -> nn.Module:
+    """A frozen, eval-mode deep copy used as a reference policy."""
+    ref = copy.deepcopy(model)
+    ref.requires_grad_(False)
+    ref.eval()
+    return ref

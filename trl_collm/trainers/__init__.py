@@ -1,0 +1,4 @@
+from .base import TeamTrainerBase
+from .ppo import MultiAgentPPOTrainer
+
+__all__ = ["TeamTrainerBase", "MultiAgentPPOTrainer"]

@@ -1,0 +1,393 @@
+"""Shared trainer base: builds the team, the critic and the environment, owns the accelerator, optimizer, logging,
+checkpoints, saving and the Hub push. The PPO and MC trainers only say how advantages and losses are made.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections import defaultdict
+
+import torch
+from torch.utils.data import DataLoader
+from transformers import TrainerState
+from transformers.trainer_utils import TrainOutput
+from trl.trainer.base_trainer import _BaseTrainer
+from trl.trainer.utils import disable_dropout_in_model
+
+from ..building import TeamModel, build_critic, build_team, resolve_agent_names
+from ..envs import MultiAgentEnv, RewardFunctionEnv, RewardModelFunction, check_agent_names
+from ..rollout import Rollout, run_episodes
+
+TEAM_FILE = "team.json"
+
+
+def build_env(env, reward_funcs, reward_model, prompt_formatters, args, team) -> MultiAgentEnv:
+    names = team.names
+    if env is not None:
+        if reward_funcs is not None or reward_model is not None:
+            raise ValueError("Pass either `env` (which computes rewards) or `reward_funcs`/`reward_model`, not both.")
+        if not isinstance(env, MultiAgentEnv):
+            raise TypeError(f"`env` must be a trl_collm.MultiAgentEnv, got {type(env).__name__}.")
+        check_agent_names(env, names) if getattr(env, "agent_names", None) else None
+        return env
+    funcs = [] if reward_funcs is None else (list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs])
+    if reward_model is not None:
+        # A TRL-PPO reward model scores each agent's prompt + completion with the first agent's tokenizer.
+        funcs.append(RewardModelFunction(reward_model, team.tokenizers[names[0]], batch_size=args.local_rollout_forward_batch_size))
+    if not funcs:
+        raise ValueError("No reward: pass `reward_funcs` (GRPO-style functions), `reward_model`, or an `env`.")
+    if args.num_turns > 1:
+        raise ValueError(f"`num_turns`={args.num_turns} needs an `env` that produces the next observations; reward functions are single-turn.")
+    weights = args.reward_weights
+    if weights is not None and len(weights) != len(funcs):
+        raise ValueError(f"`reward_weights` has {len(weights)} entries for {len(funcs)} reward functions; give one weight per function.")
+    return RewardFunctionEnv(funcs, formatters=prompt_formatters, reward_weights=weights, agent_names=names, reward_type=args.reward_type)
+
+
+class TeamTrainerBase(_BaseTrainer):
+    _tag_names = ["trl", "trl-collm", "multi-agent"]
+    _name = "TeamTrainer"
+    needs_critic = True
+
+    def __init__(
+        self,
+        args,
+        processing_class=None,
+        model=None,
+        ref_model=None,
+        reward_model=None,
+        train_dataset=None,
+        value_model=None,
+        data_collator=None,
+        eval_dataset=None,
+        optimizers=(None, None),
+        callbacks=None,
+        peft_config=None,
+        reward_funcs=None,
+        env=None,
+        critic_processing_class=None,
+        prompt_formatters=None,
+    ):
+        if model is None:
+            raise ValueError("`model` is required: a model, a path, a list, or a dict name -> model.")
+        if train_dataset is None or len(train_dataset) == 0:
+            raise ValueError("`train_dataset` is empty; pass a dataset with at least one row per rollout batch.")
+        names = resolve_agent_names(model, args)
+        team = build_team(model, processing_class, ref_model, peft_config, args, names)
+        critic = build_critic(team, value_model, args, peft_config, critic_processing_class) if self.needs_critic else None
+        if args.advantage_level == "token" and critic is not None:
+            for a in names:
+                unit = critic.units[critic.key_for(a)]
+                if unit.tokenizer.get_vocab() != team.tokenizers[a].get_vocab():
+                    raise ValueError(
+                        f"`advantage_level='token'` needs the critic to read agent {a!r}'s tokens, but their tokenizers differ; "
+                        "use advantage_level='turn' for heterogeneous teams."
+                    )
+        self.env = build_env(env, reward_funcs, reward_model, prompt_formatters, args, team)
+        self.reward_model = reward_model
+        team_model = TeamModel(team, critic)
+        for module in [team_model] + [r for r in team._refs.values() if r is not None]:
+            disable_dropout_in_model(module)
+        if args.activation_checkpointing:
+            kwargs = args.activation_checkpointing_kwargs or {"use_reentrant": False}
+            for a in names:
+                team.model_of(a).gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        super().__init__(
+            model=team_model,
+            args=args,
+            data_collator=data_collator or (lambda rows: rows),
+            train_dataset=train_dataset,
+            eval_dataset=eval_dataset,
+            processing_class=team.tokenizers[names[0]],
+            callbacks=callbacks,
+            optimizers=optimizers,
+        )
+        self.team, self.critic = team, critic
+        for ref in team._refs.values():
+            if ref is not None:
+                ref.to(self.accelerator.device)
+        if reward_model is not None:
+            reward_model.to(self.accelerator.device).eval()
+        self._metrics_history: list[dict] = []
+
+    def _send_telemetry(self):
+        # TRL's usage ping is for TRL's own trainers; a plugin should not report on their behalf.
+        return
+
+    # ------------------------------------------------------------------ batch sizes (TRL PPO semantics)
+    def _batch_sizes(self):
+        args = self.args
+        world = self.accelerator.num_processes
+        args.local_batch_size = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.num_mini_batches
+        args.micro_batch_size = args.per_device_train_batch_size * world
+        args.batch_size = args.local_batch_size * world
+        args.mini_batch_size = max(1, args.batch_size // args.num_mini_batches)
+        args.local_mini_batch_size = max(1, args.local_batch_size // args.num_mini_batches)
+        if args.total_episodes is None:
+            args.total_episodes = int(args.num_train_epochs * len(self.train_dataset))
+        args.num_total_batches = max(1, math.ceil(args.total_episodes / args.batch_size))
+
+    def _rollout_loader(self):
+        args = self.args
+        if len(self.train_dataset) < args.local_batch_size:
+            raise ValueError(
+                f"`train_dataset` has {len(self.train_dataset)} rows but one rollout batch takes local_batch_size="
+                f"{args.local_batch_size} (per_device_train_batch_size * gradient_accumulation_steps * num_mini_batches); "
+                "lower per_device_train_batch_size or add rows."
+            )
+        generator = torch.Generator().manual_seed(args.seed)
+        loader = DataLoader(
+            self.train_dataset, batch_size=args.local_batch_size, shuffle=True, drop_last=True,
+            collate_fn=lambda rows: rows, generator=generator,
+        )
+        return self.accelerator.prepare(loader) if self.accelerator.num_processes > 1 else loader
+
+    # ------------------------------------------------------------------ optimizer
+    def param_groups(self) -> list[dict]:
+        """One group per agent and per critic, so learning rates (and clipping) can differ by module."""
+        args = self.args
+        seen, groups = set(), []
+
+        def add(name, params, lr):
+            params = [p for p in params if p.requires_grad and id(p) not in seen]
+            seen.update(id(p) for p in params)
+            if params:
+                groups.append({"params": params, "lr": lr, "name": name})
+
+        for a in self.team.names:
+            add(a, self.team.agent_parameters(a), args.learning_rate)
+        if self.critic is not None:
+            for key, params in self.critic.unit_parameters().items():
+                add(f"critic/{key}", params, args.critic_learning_rate or args.learning_rate)
+        return groups
+
+    def create_optimizer(self, model=None):
+        if self.optimizer is None:
+            args = self.args
+            self.optimizer = torch.optim.AdamW(
+                self.param_groups(), lr=args.learning_rate, betas=(args.adam_beta1, args.adam_beta2),
+                eps=args.adam_epsilon, weight_decay=args.weight_decay,
+            )
+        return self.optimizer
+
+    def _clip_gradients(self, agents: list[str], critic_keys: list[str]):
+        args = self.args
+        if args.max_grad_norm is None or args.max_grad_norm <= 0:
+            return
+        if args.grad_clip_scope == "global":
+            params = [p for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
+            self.accelerator.clip_grad_norm_(params, args.max_grad_norm)
+            return
+        modules = [self.team.agent_parameters(a) for a in agents]
+        if self.critic is not None:
+            units = self.critic.unit_parameters()
+            modules += [units[k] for k in critic_keys]
+        for params in modules:
+            params = [p for p in params if p.grad is not None]
+            if params:
+                torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm)
+
+    # ------------------------------------------------------------------ generation
+    def generation_kwargs(self, greedy: bool = False) -> dict:
+        args = self.args
+        tok = self.team.tokenizers[self.team.names[0]]
+        kwargs = dict(
+            max_new_tokens=args.response_length,
+            do_sample=not greedy,
+            temperature=args.temperature,
+            top_p=args.top_p,
+            top_k=args.top_k if args.top_k is not None else 0,
+            pad_token_id=tok.pad_token_id,
+        )
+        if args.stop_token_id is not None:
+            kwargs["eos_token_id"] = args.stop_token_id
+        if greedy:
+            kwargs.pop("temperature"), kwargs.pop("top_p"), kwargs.pop("top_k")
+        return kwargs
+
+    def _unwrap_for_generation(self):
+        from trl.models.utils import unwrap_model_for_generation
+
+        if not self.is_deepspeed_enabled:
+            return None
+        accelerator, gather = self.accelerator, self.args.ds3_gather_for_generation
+
+        def ctx(module):
+            return unwrap_model_for_generation(module, accelerator, gather_deepspeed3_params=gather)
+
+        return ctx
+
+    def rollout(self, rows: list[dict], greedy: bool = False) -> Rollout:
+        args = self.args
+        self.model.eval()
+        return run_episodes(
+            self.team, self.env, rows, args.num_turns, self.accelerator.device, self.generation_kwargs(greedy),
+            agent_context=args.agent_context, early_termination_threshold=args.early_termination_threshold,
+            stop_token_id=args.stop_token_id, generation_batch_size=args.local_rollout_forward_batch_size,
+            unwrap=self._unwrap_for_generation(),
+        )
+
+    # ------------------------------------------------------------------ the loop
+    def train(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None, **kwargs):
+        if resume_from_checkpoint:
+            raise NotImplementedError("Resuming is not supported yet (tracked in the TRL-ecosystem issue).")
+        args = self.args
+        self._batch_sizes()
+        loader = self._rollout_loader()
+        steps_per_iteration = self.optimizer_steps_per_iteration()
+        self.create_optimizer_and_scheduler(num_training_steps=args.num_total_batches * steps_per_iteration)
+        self.state = TrainerState(
+            is_local_process_zero=self.is_local_process_zero(), is_world_process_zero=self.is_world_process_zero(),
+        )
+        self.state.max_steps = args.num_total_batches
+        self.state.num_train_epochs = args.num_train_epochs
+        self.state.logging_steps = args.logging_steps if args.logging_steps >= 1 else max(1, int(args.logging_steps * args.num_total_batches))
+        self.state.save_steps = args.save_steps if args.save_steps >= 1 else max(1, int(args.save_steps * args.num_total_batches))
+        self.state.episode = 0
+        self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
+        sample_every = max(1, args.num_total_batches // args.num_sample_generations) if args.num_sample_generations > 0 else None
+
+        def batches():
+            while True:
+                yield from loader
+
+        iterator = batches()
+        start = time.time()
+        loss_sum = 0.0
+        for update in range(1, args.num_total_batches + 1):
+            self.control = self.callback_handler.on_step_begin(args, self.state, self.control)
+            rows = next(iterator)
+            t0 = time.time()
+            metrics = self.training_iteration(rows)
+            metrics["time/iteration_s"] = time.time() - t0
+            self.state.episode += args.batch_size
+            self.state.global_step += 1
+            self.state.epoch = self.state.episode / max(1, len(self.train_dataset))
+            metrics["eps"] = int(self.state.episode / max(time.time() - start, 1e-9))
+            metrics["episode"] = self.state.episode
+            metrics["lr"] = self.lr_scheduler.get_last_lr()[0] if self.lr_scheduler is not None else args.learning_rate
+            loss_sum += float(metrics.get("loss/policy_avg", 0.0))
+            self._metrics_history.append(dict(metrics))
+            self.control = self.callback_handler.on_step_end(args, self.state, self.control)
+            if self.state.global_step % self.state.logging_steps == 0 or update == args.num_total_batches:
+                self.log(metrics)
+            if args.save_strategy == "steps" and self.state.global_step % self.state.save_steps == 0:
+                self.save_model(os.path.join(args.output_dir, f"checkpoint-{self.state.global_step}"))
+            if sample_every and update % sample_every == 0 and self.eval_dataset is not None:
+                self.generate_completions(sampling=True)
+            if self.control.should_training_stop:
+                break
+        self.control = self.callback_handler.on_train_end(args, self.state, self.control)
+        return TrainOutput(self.state.global_step, loss_sum / max(1, self.state.global_step), self._metrics_history[-1] if self._metrics_history else {})
+
+    def optimizer_steps_per_iteration(self) -> int:
+        raise NotImplementedError
+
+    def training_iteration(self, rows: list[dict]) -> dict:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ evaluation
+    @torch.no_grad()
+    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval", greedy: bool = False):
+        dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
+        if dataset is None or len(dataset) == 0:
+            raise ValueError("`evaluate` needs an `eval_dataset` (at construction or as argument) with at least one row.")
+        totals = defaultdict(float)
+        count = 0
+        size = self.args.per_device_eval_batch_size
+        for start in range(0, len(dataset), size):
+            rows = [dataset[i] for i in range(start, min(start + size, len(dataset)))]
+            roll = self.rollout(rows, greedy=greedy)
+            returns = roll.rewards.sum(1)  # (E, n)
+            totals["return"] += float(returns.mean(-1).sum())
+            for i, a in enumerate(roll.agent_names):
+                totals[f"{a}/return"] += float(returns[:, i].sum())
+            totals["turns"] += float(roll.turn_mask.sum())
+            count += len(rows)
+        metrics = {f"{metric_key_prefix}_{k}": v / count for k, v in totals.items()}
+        self.log(metrics) if getattr(self, "state", None) is not None else None
+        return metrics
+
+    @torch.no_grad()
+    def generate_completions(self, sampling: bool = False, num_rows: int = 4) -> list[dict]:
+        """Run a few episodes (eval set, else train set) and print/return each agent's completions per turn."""
+        dataset = self.eval_dataset if self.eval_dataset is not None else self.train_dataset
+        rows = [dataset[i] for i in range(min(num_rows, len(dataset)))]
+        roll = self.rollout(rows, greedy=not sampling)
+        table = []
+        for t, turn in enumerate(roll.turns):
+            for k, e in enumerate(turn[roll.agent_names[0]].episode_ids.tolist()):
+                entry = {"episode": e, "turn": t, "reward": roll.rewards[e, t].tolist()}
+                for a in roll.agent_names:
+                    entry[f"{a}/prompt"] = turn[a].contexts[k]
+                    entry[f"{a}/completion"] = turn[a].gen.texts[k]
+                table.append(entry)
+        if self.is_world_process_zero():
+            for entry in table:
+                lines = [f"-- episode {entry['episode']} turn {entry['turn']} reward {entry['reward']}"]
+                lines += [f"  [{a}] {entry[a + '/completion']!r}" for a in roll.agent_names]
+                print("\n".join(lines))
+        return table
+
+    # ------------------------------------------------------------------ saving
+    def team_description(self) -> dict:
+        args, team = self.args, self.team
+        desc = {
+            "format": "trl-collm-team/1",
+            "agents": team.names,
+            "layout": team.layout,
+            "trainer": type(self).__name__,
+            "num_turns": args.num_turns,
+            "preset": args.preset,
+            "agent_folders": {a: ("." if self._single_agent() else a) for a in team.names},
+        }
+        if team.layout == "shared_base":
+            desc["base_model"] = getattr(team.shared_base.get_base_model().config, "_name_or_path", None)
+        if self.critic is not None:
+            desc["critic"] = {
+                "type": self.critic.critic_type,
+                "value_mode": self.critic.value_mode,
+                "units": {k: {"placement": u.placement, "agent": u.agent, "adapter": u.adapter, "num_outputs": u.num_outputs,
+                              "folder": self._critic_folder(k)} for k, u in self.critic.units.items()},
+            }
+        return desc
+
+    def _single_agent(self) -> bool:
+        return len(self.team.names) == 1
+
+    def _critic_folder(self, key: str) -> str:
+        return "critic" if key == "central" or self._single_agent() else os.path.join("critic", key)
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False):
+        from safetensors.torch import save_file
+
+        output_dir = output_dir or self.args.output_dir
+        self.accelerator.wait_for_everyone()
+        if not self.is_world_process_zero():
+            return
+        os.makedirs(output_dir, exist_ok=True)
+        team = self.team
+        for a in team.names:
+            folder = output_dir if self._single_agent() else os.path.join(output_dir, a)
+            team.save_agent(a, folder)
+        if self.critic is not None:
+            for key, unit in self.critic.units.items():
+                folder = os.path.join(output_dir, self._critic_folder(key))
+                os.makedirs(folder, exist_ok=True)
+                if unit.placement == "separate":
+                    unit.value_model.save_pretrained(folder)
+                else:
+                    save_file({k: v.detach().cpu().contiguous() for k, v in unit.head.state_dict().items()},
+                              os.path.join(folder, "value_head.safetensors"))
+                    if unit.placement == "shared_base_adapter":
+                        from ..team import _flatten_adapter_folder
+
+                        team.shared_base.save_pretrained(folder, selected_adapters=[unit.adapter])
+                        _flatten_adapter_folder(folder, unit.adapter)
+                unit.tokenizer.save_pretrained(folder)
+        with open(os.path.join(output_dir, TEAM_FILE), "w") as f:
+            json.dump(self.team_description(), f, indent=2)
+        torch.save(self.args, os.path.join(output_dir, "training_args.bin"))
