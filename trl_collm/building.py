@@ -10,7 +10,7 @@ import os
 from torch import nn
 
 from .critics import CriticUnit, TeamCritic, value_model_outputs
-from .team import AgentTeam, freeze_copy
+from .team import AgentTeam, _set_adapter_keep_grads, freeze_copy
 
 
 def resolve_agent_names(model, args) -> list[str]:
@@ -95,11 +95,11 @@ def build_team(model, processing_class, ref_model, peft_config, args, names: lis
     n = len(names)
     single_source = not isinstance(model, (list, tuple, dict))
     tokenizer_sources = per_agent(processing_class, names, "processing_class")
+    model_sources = {a: model for a in names} if single_source else per_agent(model, names, "model")
     for a in names:
         if tokenizer_sources[a] is None:
-            tokenizer_sources[a] = model if isinstance(model, (str, os.PathLike)) else _model_path(
-                model if single_source else per_agent(model, names, "model")[a]
-            )
+            src = model_sources[a]
+            tokenizer_sources[a] = src if isinstance(src, (str, os.PathLike)) else _model_path(src)
     tokenizers = {a: load_tokenizer(tokenizer_sources[a], a) for a in names}
 
     shared = single_source and peft_config is not None and not isinstance(peft_config, (list, tuple, dict))
@@ -121,10 +121,7 @@ def build_team(model, processing_class, ref_model, peft_config, args, names: lis
                 f"`model` is one model object but the team has {n} agents. Pass a list or dict of models, a model path "
                 "(loaded once per agent), or a `peft_config` to train n LoRA adapters on this one base."
             )
-        sources = {a: model for a in names}
-    else:
-        sources = per_agent(model, names, "model")
-    policies = {a: _load_causal_lm(sources[a]) for a in names}
+    policies = {a: _load_causal_lm(model_sources[a]) for a in names}
     peft_configs = per_agent(peft_config, names, "peft_config")
     for a in names:
         if peft_configs[a] is not None and not isinstance(policies[a], PeftModel):
@@ -216,6 +213,8 @@ def build_critic(team: AgentTeam, value_model, args, peft_config, critic_process
             adapter = "critic" if key == "central" else f"critic_{key}"
             team.shared_base.add_adapter(adapter, peft_config)
             team.extra_adapters.append(adapter)
+            # add_adapter creates the critic adapter frozen; make it (and keep the agents') trainable.
+            _set_adapter_keep_grads(team.shared_base, team.shared_base.active_adapter, team.trainable_adapters())
             units[key] = CriticUnit("shared_base_adapter", team.tokenizers[owner], k, team=team, adapter=adapter)
     return TeamCritic(args.critic_type, units, args.centralized_value, names)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from trl.trainer.base_config import _BaseConfig
 
@@ -180,9 +180,10 @@ class MultiAgentPPOConfig(_BaseConfig):
     value_normalization: bool = field(default=False, metadata={"help": "Train the critic on running-normalised returns."})
 
     # ------------------------------------------------------------------ the update rule
-    advantage_level: str = field(
-        default="turn",
-        metadata={"help": "'turn': the completion is one action valued at the end of its prompt (paper); 'token': per-token values, KL and GAE (TRL PPO)."},
+    advantage_level: str | None = field(
+        default=None,
+        metadata={"help": "'turn': the completion is one action valued at the end of its prompt (paper); 'token': per-token values, KL and GAE "
+                  "(TRL PPO). Default: 'token' for a single agent (TRL PPO semantics), 'turn' for a team."},
     )
     advantage_norm_scope: str = field(
         default="agent_turn", metadata={"help": "Where advantages are whitened: 'agent_turn', 'agent', 'batch' or 'none'."}
@@ -203,15 +204,34 @@ class MultiAgentPPOConfig(_BaseConfig):
         if self.preset is not None:
             if self.preset not in PRESETS:
                 raise ValueError(f"`preset`={self.preset!r} is unknown; choose one of {sorted(PRESETS)} or leave it unset.")
+            # A preset fills the fields the user left at their defaults; anything set explicitly wins.
+            defaults = {f.name: f.default for f in fields(self)}
             for key, value in PRESETS[self.preset].items():
-                setattr(self, key, value)
+                if getattr(self, key) == defaults[key]:
+                    setattr(self, key, value)
         super().__post_init__()
         self._validate()
 
+    def resolve_for_team(self, num_agents: int) -> None:
+        """Fill the team-dependent defaults (called by the trainer once it knows the team)."""
+        if self.advantage_level is None:
+            self.advantage_level = "token" if num_agents == 1 else "turn"
+        self.check_advantage_level()
+
+    def check_advantage_level(self) -> None:
+        if self.advantage_level != "token":
+            return
+        if self.critic_type == "centralized" and self.centralized_value == "team":
+            raise ValueError(
+                "`advantage_level='token'` needs a value per agent token; set `centralized_value='per_agent_heads'` or 'agent_tagged'."
+            )
+        if self.num_turns > 1:
+            raise ValueError("`advantage_level='token'` supports `num_turns=1`; use advantage_level='turn' for multi-turn episodes.")
+
     def _validate(self):
         for name, allowed in _CHOICES.items():
-            if name == "critic_placement":
-                continue  # None means "pick from the team layout"
+            if name in ("critic_placement", "advantage_level") and getattr(self, name) is None:
+                continue  # None: decided by the trainer from the team
             value = getattr(self, name)
             if value not in allowed:
                 raise ValueError(f"`{name}`={value!r} is not valid; choose one of {list(allowed)}.")
@@ -243,10 +263,7 @@ class MultiAgentPPOConfig(_BaseConfig):
             raise ValueError(f"`cliprange` must be > 0 or None, got {self.cliprange}.")
         if self.stop_token is not None and self.stop_token != "eos":
             raise ValueError(f"`stop_token`={self.stop_token!r}: only 'eos' is supported (or set `stop_token_id`).")
-        if self.advantage_level == "token" and self.critic_type == "centralized" and self.centralized_value == "team":
-            raise ValueError(
-                "`advantage_level='token'` needs a value per agent token; set `centralized_value='per_agent_heads'` or 'agent_tagged'."
-            )
+        self.check_advantage_level()
         if self.reward_type == "per_agent" and self.critic_type == "centralized" and self.centralized_value == "team":
             raise ValueError(
                 "`reward_type='per_agent'` with one team value cannot credit agents separately; set `centralized_value='per_agent_heads'`."

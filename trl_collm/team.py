@@ -69,6 +69,9 @@ class AgentTeam(nn.Module):
         else:
             self.shared_base = shared_base
             self.extra_adapters: list[str] = []  # critic adapters registered later by the critic
+            # PEFT's add_adapter leaves only the active adapter trainable; every agent's adapter must be, or the
+            # optimizer (built from requires_grad parameters) would never update agents 2..n.
+            _set_adapter_keep_grads(shared_base, self.names[0], self.trainable_adapters())
         # Reference policies are frozen and kept outside the module tree, so optimizers and DeepSpeed never see them.
         self._refs = dict(ref_policies or {})
 

@@ -76,6 +76,7 @@ class TeamTrainerBase(_BaseTrainer):
         if train_dataset is None or len(train_dataset) == 0:
             raise ValueError("`train_dataset` is empty; pass a dataset with at least one row per rollout batch.")
         names = resolve_agent_names(model, args)
+        args.resolve_for_team(len(names))
         team = build_team(model, processing_class, ref_model, peft_config, args, names)
         critic = build_critic(team, value_model, args, peft_config, critic_processing_class) if self.needs_critic else None
         if args.advantage_level == "token" and critic is not None:

@@ -53,8 +53,6 @@ class MultiAgentPPOTrainer(TeamTrainerBase):
                  reward_model=None, train_dataset=None, value_model=None, data_collator=None, eval_dataset=None,
                  optimizers=(None, None), callbacks=None, peft_config=None, reward_funcs=None, env=None, **kwargs):
         args = args or MultiAgentPPOConfig(output_dir="outputs/ppo")
-        if args.advantage_level == "token" and args.num_turns > 1:
-            raise ValueError("`advantage_level='token'` supports `num_turns=1`; use advantage_level='turn' for multi-turn episodes.")
         super().__init__(args, processing_class, model, ref_model, reward_model, train_dataset, value_model, data_collator,
                          eval_dataset, optimizers, callbacks, peft_config, reward_funcs, env, **kwargs)
         self.value_rms = alg.RunningMeanStd() if args.value_normalization else None

@@ -1,0 +1,348 @@
+"""Throughput of one multi-agent PPO training iteration against bare generation.
+
+For each model size it builds a 2-agent team (two separate models from the offline tiny-model factory, one
+centralized critic) and times `trainer.training_iteration(rows)` for two configs:
+
+- ``collm``:   ``MultiAgentPPOConfig(preset="collm")`` (turn-level CoLLM-CC: 1 epoch, REINFORCE rule, per-agent
+               critic steps, no KL / no reference model);
+- ``default``: the default config (turn-level CC critic, 4 PPO epochs, clipped ratio, KL to a reference copy).
+
+Between iterations it times a bare ``model.generate()`` per agent on the same prompts with the same sampling
+settings and ``max_new_tokens``, so "iteration / generate" says how much the training machinery costs on top of
+sampling the same tokens. Generation is forced to the full ``response_length``: the stop token is set to an id
+outside the vocabulary, which the model can never sample (so token counts are comparable across runs).
+
+This is a benchmark, not a test. Examples::
+
+    python benchmarks/bench_iteration.py                      # tiny + small, 3 iterations, batch 8, 32 tokens, CPU
+    python benchmarks/bench_iteration.py --smoke              # seconds; for CI
+    python benchmarks/bench_iteration.py --device cuda --dtype bfloat16 --json bench.json
+    python benchmarks/bench_iteration.py --sizes small --profile   # + cProfile of one CC iteration
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import functools
+import gc
+import io
+import json
+import os
+import platform
+import pstats
+import resource
+import statistics
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import torch  # noqa: E402
+
+TARGET_RATIO = 3.0  # iteration / bare generate, for the turn-level CC preset
+CONFIGS = ("collm", "default")
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _peak_rss_mib() -> float:
+    # ru_maxrss is KiB on Linux, bytes on macOS.
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss / (1024 * 1024) if sys.platform == "darwin" else rss / 1024
+
+
+def _prompts(n: int, offset: int) -> list[str]:
+    subjects = ["The planner", "The coder", "The critic", "Agent one", "Agent two", "The writer"]
+    tasks = ["writes the plan", "checks the code", "fixes the answer", "shares the summary", "builds a function"]
+    return [f"{subjects[(i + offset) % len(subjects)]} {tasks[(i * 3 + offset) % len(tasks)]} and the team gets a reward of {i % 10}."
+            for i in range(n)]
+
+
+def length_reward(prompts, completions, **kwargs):
+    """Cheap per-agent reward: a little for every character, so the reward path costs ~nothing."""
+    return [[len(c) / 100.0 for c in comp] for comp in completions]
+
+
+class PhaseTimer:
+    """Wraps trainer.rollout / score_rollout / update (instance attributes; the library is untouched)."""
+
+    def __init__(self, trainer, device: str):
+        self.device = device
+        self.times: dict[str, float] = {}
+        self.last_rollout = None
+        for phase in ("rollout", "score_rollout", "update"):
+            setattr(trainer, phase, self._wrap(phase, getattr(trainer, phase)))
+
+    def _wrap(self, name, fn):
+        @functools.wraps(fn)
+        def wrapped(*args, **kwargs):
+            _sync(self.device)
+            t0 = time.perf_counter()
+            out = fn(*args, **kwargs)
+            _sync(self.device)
+            self.times[name] = self.times.get(name, 0.0) + time.perf_counter() - t0
+            if name == "rollout":
+                self.last_rollout = out
+            return out
+
+        return wrapped
+
+    def reset(self):
+        self.times = {}
+
+
+# ---------------------------------------------------------------------------------------------- one config
+def build_trainer(config_name: str, size: str, opts, out_dir: str):
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+
+    from trl_collm import MultiAgentPPOConfig, MultiAgentPPOTrainer
+    from trl_collm.building import critic_outputs
+    from trl_collm.testing import tiny_model_dir
+
+    paths = [tiny_model_dir(f"bench-qwen2-{size}-s{seed}", arch="qwen2", size=size, seed=seed) for seed in (0, 1)]
+    tok = AutoTokenizer.from_pretrained(paths[0])
+    dtype = torch.bfloat16 if opts.dtype == "bfloat16" else torch.float32
+    on_cuda = opts.device == "cuda"
+    common = dict(
+        output_dir=out_dir,
+        per_device_train_batch_size=opts.batch,
+        num_agents=2,
+        response_length=opts.response_length,
+        # An id outside the vocabulary is never sampled: every response runs to response_length tokens.
+        stop_token_id=len(tok),
+        use_cpu=not on_cuda,
+        bf16=opts.dtype == "bfloat16",
+        report_to=[],
+        save_strategy="no",
+        logging_steps=1,
+        num_sample_generations=0,
+        seed=opts.seed,
+        disable_tqdm=True,
+    )
+    if config_name == "collm":
+        args = MultiAgentPPOConfig(preset="collm", **common)
+    else:
+        args = MultiAgentPPOConfig(**common)
+    models = [AutoModelForCausalLM.from_pretrained(p, dtype=dtype) for p in paths]
+    # Build the critic ourselves only to give it the same dtype as the actors (the library would load it from
+    # agent 0's folder in the checkpoint's dtype); same model class and number of outputs as the default.
+    value_model = AutoModelForSequenceClassification.from_pretrained(paths[0], num_labels=critic_outputs(args, 2), dtype=dtype)
+    if on_cuda:
+        models = [m.to("cuda") for m in models]
+        value_model = value_model.to("cuda")
+    from datasets import Dataset
+
+    ds = Dataset.from_dict({"prompt": _prompts(opts.batch, 0)})
+    trainer = MultiAgentPPOTrainer(args=args, processing_class=tok, model=models, value_model=value_model,
+                                   train_dataset=ds, reward_funcs=length_reward)
+    trainer._batch_sizes()
+    total_iterations = opts.iterations + opts.warmup
+    args.total_episodes = total_iterations * args.batch_size
+    args.num_total_batches = total_iterations
+    trainer.create_optimizer_and_scheduler(num_training_steps=total_iterations * trainer.optimizer_steps_per_iteration())
+    return trainer
+
+
+@torch.no_grad()
+def bare_generate(trainer, rows: list[dict], device: str) -> tuple[float, int]:
+    """generate() per agent on the rollout's prompts with the rollout's kwargs; returns (seconds, new tokens)."""
+    team = trainer.team
+    kwargs = trainer.generation_kwargs()
+    prompts = [r["prompt"] for r in rows]
+    tokens = 0
+    _sync(device)
+    t0 = time.perf_counter()
+    for a in team.names:
+        model = team.policies[a]
+        model.eval()
+        ids, mask = team.encode(a, prompts, trainer.accelerator.device)
+        out = model.generate(input_ids=ids, attention_mask=mask, **kwargs)
+        tokens += out[:, ids.shape[1]:].numel()
+    _sync(device)
+    return time.perf_counter() - t0, tokens
+
+
+def run_config(config_name: str, size: str, opts) -> dict:
+    if opts.device == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    torch.manual_seed(opts.seed)
+    with tempfile.TemporaryDirectory(prefix="bench-iter-") as out_dir:
+        t_build = time.perf_counter()
+        trainer = build_trainer(config_name, size, opts, out_dir)
+        t_build = time.perf_counter() - t_build
+        timer = PhaseTimer(trainer, opts.device)
+        n_params = sum(p.numel() for p in trainer.team.policies[trainer.team.names[0]].parameters())
+        iter_s, gen_s, tokens, gen_tokens, phases = [], [], [], [], []
+        for i in range(opts.warmup + opts.iterations):
+            rows = [{"prompt": p} for p in _prompts(opts.batch, offset=i)]
+            timer.reset()
+            _sync(opts.device)
+            t0 = time.perf_counter()
+            trainer.training_iteration(rows)
+            _sync(opts.device)
+            dt = time.perf_counter() - t0
+            roll = timer.last_rollout
+            n_tok = int(sum(int(turn[a].gen.response_mask.sum()) for turn in roll.turns for a in roll.agent_names))
+            g_dt, g_tok = bare_generate(trainer, rows, opts.device)
+            if i < opts.warmup:
+                continue
+            iter_s.append(dt)
+            gen_s.append(g_dt)
+            tokens.append(n_tok)
+            gen_tokens.append(g_tok)
+            phases.append(dict(timer.times, other=dt - sum(timer.times.values())))
+        profile_text = None
+        if opts.profile and config_name in opts.profile_configs:
+            rows = [{"prompt": p} for p in _prompts(opts.batch, offset=99)]
+            prof = cProfile.Profile()
+            prof.enable()
+            trainer.training_iteration(rows)
+            _sync(opts.device)
+            prof.disable()
+            buf = io.StringIO()
+            pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(opts.profile_top)
+            profile_text = buf.getvalue()
+        args = trainer.args
+        result = dict(
+            size=size,
+            config=config_name,
+            params_per_agent=n_params,
+            actor_dtype=str(next(trainer.team.policies[trainer.team.names[0]].parameters()).dtype),
+            critic_dtype=str(next(trainer.critic.unit_parameters()["central"].__iter__()).dtype),
+            batch=opts.batch,
+            response_length=opts.response_length,
+            iterations=len(iter_s),
+            optimizer_steps_per_iteration=trainer.optimizer_steps_per_iteration(),
+            num_ppo_epochs=args.num_ppo_epochs,
+            policy_loss_type=args.policy_loss_type,
+            critic_updates=args.critic_updates,
+            kl_coef=args.kl_coef,
+            build_s=t_build,
+            # Medians (and minima) rather than means: on a shared CPU one slow round would dominate a mean.
+            iteration_s=statistics.median(iter_s),
+            iteration_s_min=min(iter_s),
+            iteration_s_all=iter_s,
+            generate_s=statistics.median(gen_s),
+            generate_s_min=min(gen_s),
+            generate_s_all=gen_s,
+            generated_tokens=sum(tokens) / len(tokens),
+            bare_generate_tokens=sum(gen_tokens) / len(gen_tokens),
+            phases_s={k: statistics.median(p.get(k, 0.0) for p in phases) for k in ("rollout", "score_rollout", "update", "other")},
+            peak_rss_mib=_peak_rss_mib(),
+            cuda_max_allocated_mib=torch.cuda.max_memory_allocated() / 2**20 if opts.device == "cuda" else None,
+        )
+        result["episodes_per_s"] = opts.batch / result["iteration_s"]
+        result["tokens_per_s"] = result["generated_tokens"] / result["iteration_s"]
+        result["ratio"] = result["iteration_s"] / result["generate_s"]
+        result["ratio_min"] = result["iteration_s_min"] / result["generate_s_min"]
+        result["profile"] = profile_text
+        del trainer, timer
+    gc.collect()
+    return result
+
+
+# ---------------------------------------------------------------------------------------------- report
+def print_table(results: list[dict], opts) -> None:
+    head = (f"{'size':<6} {'config':<8} {'ep/s':>7} {'gen tok/s':>10} {'iter s':>8} {'gen s':>8} {'iter/gen':>9} {'(min)':>6} "
+            f"{'rollout':>8} {'score':>7} {'update':>7} {'other':>7} {'steps':>5} {'RSS MiB':>8}")
+    if opts.device == "cuda":
+        head += f" {'cuda MiB':>9}"
+    print(head)
+    print("-" * len(head))
+    for r in results:
+        ph = r["phases_s"]
+        line = (f"{r['size']:<6} {r['config']:<8} {r['episodes_per_s']:>7.2f} {r['tokens_per_s']:>10.1f} "
+                f"{r['iteration_s']:>8.3f} {r['generate_s']:>8.3f} {r['ratio']:>9.2f} {r['ratio_min']:>6.2f} "
+                f"{ph['rollout']:>8.3f} {ph['score_rollout']:>7.3f} {ph['update']:>7.3f} {ph['other']:>7.3f} "
+                f"{r['optimizer_steps_per_iteration']:>5d} {r['peak_rss_mib']:>8.0f}")
+        if opts.device == "cuda":
+            line += f" {r['cuda_max_allocated_mib']:>9.0f}"
+        print(line)
+    print()
+    print("ep/s, gen tok/s: episodes and generated tokens (sum of response masks, all agents) per second of iteration.")
+    print("iter s: median training_iteration wall time (rollout + scoring + update); gen s: median bare model.generate()")
+    print("of the same prompts for every agent, same sampling and max_new_tokens. iter/gen: ratio of medians; (min): ratio")
+    print("of the fastest rounds (less sensitive to a busy machine). rollout/score/update/other: median split of iter s.")
+    print("steps: optimizer steps per iteration. RSS: process peak so far (cumulative, not per row).")
+    print()
+    if opts.smoke:
+        print("(--smoke: 4-token responses, so fixed per-iteration costs dominate; the target is meant for the default run)")
+    for r in results:
+        if r["config"] != "collm":
+            continue
+        verdict = "OK" if r["ratio"] <= TARGET_RATIO else "ABOVE TARGET"
+        print(f"target ({r['size']}): iteration/generate <= {TARGET_RATIO:g} for the turn-level CC preset: "
+              f"{r['ratio']:.2f} -> {verdict}")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sizes", nargs="+", default=["tiny", "small"], choices=["tiny", "small"])
+    p.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
+    p.add_argument("--iterations", type=int, default=3, help="timed iterations (after --warmup)")
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--batch", type=int, default=8, help="episodes per iteration (per_device_train_batch_size)")
+    p.add_argument("--response-length", type=int, default=32)
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
+    p.add_argument("--json", default=None, help="write the results to this file")
+    p.add_argument("--profile", action="store_true", help="cProfile one extra iteration and print the top functions")
+    p.add_argument("--profile-configs", nargs="+", default=["collm"], choices=list(CONFIGS))
+    p.add_argument("--profile-top", type=int, default=25)
+    p.add_argument("--smoke", action="store_true", help="tiny only, 1 iteration, batch 2, response length 4")
+    opts = p.parse_args(argv)
+    if opts.smoke:
+        opts.sizes, opts.iterations, opts.batch, opts.response_length = ["tiny"], 1, 2, 4
+    if opts.iterations < 1:
+        p.error("--iterations must be >= 1")
+    if opts.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda but torch.cuda.is_available() is False")
+    if opts.threads:
+        torch.set_num_threads(opts.threads)
+
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+    print(f"bench_iteration: torch {torch.__version__}, transformers {transformers.__version__}, python {platform.python_version()}, "
+          f"device {opts.device}{' (' + torch.cuda.get_device_name() + ')' if opts.device == 'cuda' else ''}, "
+          f"dtype {opts.dtype}, threads {torch.get_num_threads()}")
+    print(f"2 agents (separate qwen2 models) + centralized critic; batch {opts.batch}, response_length {opts.response_length}, "
+          f"{opts.warmup} warm-up + {opts.iterations} timed iterations per config")
+    print()
+    results = []
+    t_all = time.perf_counter()
+    for size in opts.sizes:
+        for config_name in opts.configs:
+            r = run_config(config_name, size, opts)
+            print(f"  done {size}/{config_name}: iteration {r['iteration_s']:.3f}s, generate {r['generate_s']:.3f}s "
+                  f"(params/agent {r['params_per_agent']:,}, {r['actor_dtype']}/{r['critic_dtype']}, build {r['build_s']:.1f}s)", flush=True)
+            results.append(r)
+    print()
+    print_table(results, opts)
+    print(f"\ntotal wall time {time.perf_counter() - t_all:.1f}s")
+    for r in results:
+        if r["profile"]:
+            print(f"\n==== cProfile: {r['size']}/{r['config']} (one iteration, sorted by tottime) ====")
+            print(r["profile"])
+    if opts.json:
+        meta = dict(torch=torch.__version__, transformers=transformers.__version__, device=opts.device, dtype=opts.dtype,
+                    threads=torch.get_num_threads(), target_ratio=TARGET_RATIO, argv=sys.argv[1:])
+        with open(opts.json, "w") as f:
+            json.dump(dict(meta=meta, results=[{k: v for k, v in r.items() if k != "profile"} for r in results]), f, indent=2)
+        print(f"wrote {opts.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+"""Shared fixtures for the trainer tests: offline tiny models built once per session, prompts, configs."""
+
+from __future__ import annotations
+
+import os
+
+# Before anything imports transformers / huggingface_hub: the test-suite never touches the network.
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest
+import torch
+
+# The models are tiny: one intra-op thread is fastest, and it avoids OpenMP spin-wait contention (100x slowdowns)
+# when the CPUs are shared with other processes.
+torch.set_num_threads(1)
+
+# Settings every CPU test run needs (no bf16, no logging integrations, no checkpoints, no sample generations).
+CPU_DEFAULTS = dict(
+    use_cpu=True,
+    bf16=False,
+    report_to=[],
+    save_strategy="no",
+    num_sample_generations=0,
+    disable_tqdm=True,
+    logging_steps=1,
+    per_device_train_batch_size=4,
+    response_length=6,
+    total_episodes=8,  # 2 iterations of 4 episodes
+    num_ppo_epochs=2,
+    learning_rate=1e-3,  # large enough that one step visibly moves every trained tensor
+    seed=0,
+)
+
+
+PRESET_OWNED = ("num_ppo_epochs", "learning_rate")
+
+
+@pytest.fixture(scope="session")
+def model_cache(tmp_path_factory):
+    """A fresh per-session TRL_COLLM_CACHE so tiny models are built once and never read from the user's cache."""
+    root = tmp_path_factory.mktemp("tiny-models")
+    previous = os.environ.get("TRL_COLLM_CACHE")
+    os.environ["TRL_COLLM_CACHE"] = str(root)
+    yield root
+    if previous is None:
+        os.environ.pop("TRL_COLLM_CACHE", None)
+    else:
+        os.environ["TRL_COLLM_CACHE"] = previous
+
+
+@pytest.fixture(scope="session")
+def qwen_path(model_cache):
+    from trl_collm.testing import tiny_model_dir
+
+    return tiny_model_dir("tiny-qwen2")
+
+
+@pytest.fixture(scope="session")
+def llama_path(model_cache):
+    """A Llama with a different tokenizer (flavor b: other specials, shifted ids) for heterogeneous teams."""
+    from trl_collm.testing import tiny_model_dir
+
+    return tiny_model_dir("tiny-llama-b", arch="llama", flavor="b")
+
+
+PROMPTS = [
+    "count one and",
+    "two plus three is",
+    "the team writes the plan",
+    "def aux(x): return x",
+    "write a short story about",
+    "the critic gives a value to",
+    "agent one checks the code and",
+    "red wool",
+]
+
+
+@pytest.fixture
+def prompts_dataset():
+    from datasets import Dataset
+
+    return Dataset.from_dict({"prompt": list(PROMPTS)})
+
+
+@pytest.fixture
+def make_config():
+    """make_config(tmp_path, **overrides) -> MultiAgentPPOConfig with the CPU defaults above."""
+    from trl_collm import MultiAgentPPOConfig
+
+    def _make(tmp_path, **overrides):
+        kwargs = dict(CPU_DEFAULTS)
+        if overrides.get("preset"):
+            # Explicit fields win over a preset; leave the update rule (epochs, lr) to the preset.
+            for key in PRESET_OWNED:
+                kwargs.pop(key)
+        kwargs["output_dir"] = str(tmp_path / "out")
+        kwargs.update(overrides)
+        return MultiAgentPPOConfig(**kwargs)
+
+    return _make
