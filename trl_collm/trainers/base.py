@@ -356,6 +356,22 @@ class TeamTrainerBase(_BaseTrainer):
             }
         return desc
 
+    def create_model_card(self, model_name=None, dataset_name=None, tags=None):
+        """TRL's card, followed by a section that describes the team (agents, layout, critic, how to load it)."""
+        super().create_model_card(model_name=model_name, dataset_name=dataset_name, tags=tags)
+        if not self.is_world_process_zero():
+            return
+        desc = self.team_description()
+        lines = ["", "## The team", "", f"Trained with trl-collm's `{desc['trainer']}` ({desc['layout']} layout, "
+                 f"{desc['num_turns']} turn(s), preset `{desc['preset']}`).", "", "| agent | folder |", "|---|---|"]
+        lines += [f"| {a} | `{folder}` |" for a, folder in desc["agent_folders"].items()]
+        if "critic" in desc:
+            lines += ["", f"Critic: {desc['critic']['type']} ({desc['critic']['value_mode']}), saved under `critic/`."]
+        lines += ["", "Load an agent with `AutoModelForCausalLM.from_pretrained(repo, subfolder=<folder>)` (or PEFT for "
+                  "adapters); `team.json` describes the whole team."]
+        with open(os.path.join(self.args.output_dir, "README.md"), "a") as f:
+            f.write("\n".join(lines) + "\n")
+
     def _single_agent(self) -> bool:
         return len(self.team.names) == 1
 
