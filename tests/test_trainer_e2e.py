@@ -171,16 +171,20 @@ def _base_params(team):
     return {n: p for n, p in team.shared_base.named_parameters() if "lora_" not in n}
 
 
-def test_shared_base_lora_team_trains_adapters_only(tmp_path, make_config, prompts_dataset, qwen_path):
+@pytest.mark.parametrize("critic_type", ["centralized", "decentralized"])
+def test_shared_base_lora_team_trains_adapters_only(tmp_path, make_config, prompts_dataset, qwen_path, critic_type):
     from transformers import AutoModelForCausalLM
 
-    tr = _lora_trainer(tmp_path, make_config, prompts_dataset, qwen_path)
+    tr = _lora_trainer(tmp_path, make_config, prompts_dataset, qwen_path, critic_type=critic_type)
     team = tr.team
     assert team.layout == "shared_base" and not hasattr(team, "policies")
     assert team.model_of("agent_0") is team.model_of("agent_1")
     assert all(r is None for r in team._refs.values())  # the base with adapters off is the reference, no copies
-    unit = tr.critic.units["central"]
-    assert unit.placement == "shared_base_adapter" and not hasattr(unit, "value_model")
+    units = tr.critic.units
+    assert sorted(units) == (["central"] if critic_type == "centralized" else ["agent_0", "agent_1"])
+    for unit in units.values():
+        assert unit.placement == "shared_base_adapter" and not hasattr(unit, "value_model")
+        assert len(unit.own_parameters()) > 2  # head weight+bias, then the critic adapter's LoRA tensors
     # Exactly one copy of the base weights in the whole trainable module tree.
     base_numel = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(qwen_path).parameters())
     tree_non_lora = sum(p.numel() for n, p in tr.model.named_parameters() if "lora_" not in n and "summary" not in n)
@@ -190,9 +194,8 @@ def test_shared_base_lora_team_trains_adapters_only(tmp_path, make_config, promp
 
     base_before = {n: p.detach().clone() for n, p in base.items()}
     agents_before = agent_snapshots(tr)
-    head_before = snapshot(unit.head.parameters())
-    adapter_before = snapshot(unit.own_parameters()[2:])
-    assert len(unit.own_parameters()) > 2  # head weight+bias, then the critic adapter's LoRA tensors
+    heads_before = {k: snapshot(u.head.parameters()) for k, u in units.items()}
+    adapters_before = {k: snapshot(u.own_parameters()[2:]) for k, u in units.items()}
     tr.train()
 
     assert all(torch.equal(base_before[n], p) for n, p in _base_params(team).items()), "the frozen base changed"
@@ -203,8 +206,9 @@ def test_shared_base_lora_team_trains_adapters_only(tmp_path, make_config, promp
         # lora_B starts at zero and receives a gradient at the first step; it must have moved.
         lora_b = [p for n, p in team.shared_base.named_parameters() if f"lora_B.{a}." in n]
         assert lora_b and all(p.abs().sum() > 0 for p in lora_b)
-    assert all(changed(head_before, unit.head.parameters()))
-    assert any(changed(adapter_before, unit.own_parameters()[2:]))
+    for k, unit in units.items():
+        assert all(changed(heads_before[k], unit.head.parameters())), f"critic {k}'s head did not change"
+        assert any(changed(adapters_before[k], unit.own_parameters()[2:])), f"critic {k}'s adapter did not change"
 
 
 def test_shared_base_lora_saved_adapters_reload_with_same_logits(tmp_path, make_config, prompts_dataset, qwen_path):
@@ -410,10 +414,11 @@ def _assert_same_weights(loaded, trained):
         assert torch.equal(a[k], b[k].detach()), k
 
 
-def test_save_and_reload_separate_team(tmp_path, make_config, prompts_dataset, qwen_path):
+@pytest.mark.parametrize("critic_type", ["centralized", "decentralized"])
+def test_save_and_reload_separate_team(tmp_path, make_config, prompts_dataset, qwen_path, critic_type):
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
-    args = make_config(tmp_path, num_agents=2)
+    args = make_config(tmp_path, num_agents=2, critic_type=critic_type)
     tr = MultiAgentPPOTrainer(args=args, model=qwen_path, train_dataset=prompts_dataset, reward_funcs=varied_reward)
     initial = AutoModelForCausalLM.from_pretrained(qwen_path)
     tr.train()
@@ -423,15 +428,23 @@ def test_save_and_reload_separate_team(tmp_path, make_config, prompts_dataset, q
     desc = json.loads((out_dir / "team.json").read_text())
     assert desc["agents"] == ["agent_0", "agent_1"]
     assert desc["agent_folders"] == {"agent_0": "agent_0", "agent_1": "agent_1"}
-    assert desc["critic"]["type"] == "centralized" and desc["critic"]["units"]["central"]["folder"] == "critic"
+    assert desc["critic"]["type"] == critic_type
     for a in tr.team.names:
         loaded = AutoModelForCausalLM.from_pretrained(out_dir / a)
         _assert_same_weights(loaded, tr.team.policies[a])
         assert not torch.equal(loaded.lm_head.weight, initial.lm_head.weight)  # the trained weights, not the start
         assert AutoTokenizer.from_pretrained(out_dir / a).get_vocab() == tr.team.tokenizers[a].get_vocab()
-    critic = AutoModelForSequenceClassification.from_pretrained(out_dir / "critic")
-    assert critic.config.num_labels == 2  # per_agent_heads: one value per agent
-    _assert_same_weights(critic, tr.critic.units["central"].value_model)
+    if critic_type == "centralized":
+        assert desc["critic"]["units"]["central"]["folder"] == "critic"
+        critic = AutoModelForSequenceClassification.from_pretrained(out_dir / "critic")
+        assert critic.config.num_labels == 2  # per_agent_heads: one value per agent
+        _assert_same_weights(critic, tr.critic.units["central"].value_model)
+    else:  # one critic per agent, in critic/<agent>/
+        for a in tr.team.names:
+            assert desc["critic"]["units"][a]["folder"] == os.path.join("critic", a)
+            critic = AutoModelForSequenceClassification.from_pretrained(out_dir / "critic" / a)
+            assert critic.config.num_labels == 1
+            _assert_same_weights(critic, tr.critic.units[a].value_model)
     assert not os.path.exists(out_dir / "config.json")  # a team has no root model
 
 
