@@ -222,6 +222,7 @@ def run_config(config_name: str, size: str, opts) -> dict:
             iterations=len(iter_s),
             optimizer_steps_per_iteration=trainer.optimizer_steps_per_iteration(),
             num_ppo_epochs=args.num_ppo_epochs,
+            advantage_level=args.advantage_level,
             policy_loss_type=args.policy_loss_type,
             critic_updates=args.critic_updates,
             kl_coef=args.kl_coef,
@@ -279,13 +280,15 @@ def print_table(results: list[dict], opts) -> None:
         if r["config"] != "collm":
             continue
         verdict = "OK" if r["ratio"] <= TARGET_RATIO else "ABOVE TARGET"
+        if opts.smoke:
+            verdict += " (smoke: not meaningful)"
         print(f"target ({r['size']}): iteration/generate <= {TARGET_RATIO:g} for the turn-level CC preset: "
               f"{r['ratio']:.2f} -> {verdict}")
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--sizes", nargs="+", default=["tiny", "small"], choices=["tiny", "small"])
+    p.add_argument("--sizes", nargs="+", default=["tiny", "small"], choices=["tiny", "small", "0.5b"])
     p.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     p.add_argument("--iterations", type=int, default=3, help="timed iterations (after --warmup)")
     p.add_argument("--warmup", type=int, default=1)
