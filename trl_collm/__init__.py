@@ -2,7 +2,7 @@
 
 __version__ = "0.1.0"
 
-from .configs import PRESETS, MultiAgentPPOConfig
+from .configs import MC_PRESETS, PRESETS, MultiAgentMCConfig, MultiAgentPPOConfig, TeamConfig
 from .envs import MultiAgentEnv, RewardFunctionEnv, RewardModelFunction, StepResult
 from .trainers import MultiAgentPPOTrainer
 

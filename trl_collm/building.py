@@ -132,7 +132,7 @@ def build_team(model, processing_class, ref_model, peft_config, args, names: lis
         ref = refs_in[a]
         if isinstance(ref, (str, os.PathLike)):
             ref = _load_causal_lm(ref)
-        if ref is None and args.kl_coef != 0 and not isinstance(policies[a], PeftModel):
+        if ref is None and args.uses_reference() and not isinstance(policies[a], PeftModel):
             ref = freeze_copy(policies[a])  # TRL required it; we make one so a missing ref is not an error
         if ref is not None:
             ref.requires_grad_(False)

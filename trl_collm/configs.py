@@ -1,8 +1,10 @@
 """Configuration dataclasses.
 
-`MultiAgentPPOConfig` derives from TRL's `_BaseConfig` (itself a `transformers.TrainingArguments`), so it is also a
-command line through `HfArgumentParser` / `TrlParser`. It keeps every field name and default of TRL's last
-`PPOConfig` (TRL <= 1.12), so a script written for that trainer parses the same flags, and adds the team fields.
+`TeamConfig` holds what both trainers share (the team, generation, rewards, episodes); it derives from TRL's
+`_BaseConfig` (itself a `transformers.TrainingArguments`), so every config is also a command line through
+`HfArgumentParser` / `TrlParser`. `MultiAgentPPOConfig` keeps every field name and default of TRL's last `PPOConfig`
+(TRL <= 1.12), so a script written for that trainer parses the same flags. `MultiAgentMCConfig` is the critic-free
+Monte-Carlo baseline's.
 TRL's `world_size` field is deliberately *not* re-declared: it shadowed `TrainingArguments.world_size` and broke
 DeepSpeed.
 """
@@ -63,16 +65,46 @@ _CHOICES = {
 }
 
 
+MC_PRESETS: dict[str, dict] = {
+    # MAGRPO's update rule (comlrl 1.3.2, arXiv 2508.04652): return minus the group mean (no std scaling), REINFORCE on
+    # the completion's summed log-probability, no ratio / clipping / KL, one step per (agent, turn) group.
+    "magrpo": dict(
+        baseline="mean",
+        scale_advantages=False,
+        loss_type="reinforce",
+        num_iterations=1,
+        beta=0.0,
+        gamma=0.9,
+        learning_rate=5e-6,
+        max_grad_norm=None,
+        update_schedule="per_agent_turn",
+        scale_logits_by_temperature=False,
+        temperature=0.6,
+        top_p=0.6,
+        top_k=50,
+        num_generations=4,
+        weight_decay=0.0,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+    ),
+}
+
+_MC_CHOICES = {
+    "joint_mode": ("aligned", "cross"),
+    "expansion": ("tree", "per_branch"),
+    "baseline": ("mean", "loo", "max", "none"),
+    "loss_type": ("reinforce", "clipped"),
+    "update_schedule": ("joint", "per_agent_turn"),
+    "kl_estimator": ("k1", "k3"),
+}
+
+
 @dataclass
-class MultiAgentPPOConfig(_BaseConfig):
-    r"""Configuration of [`MultiAgentPPOTrainer`].
+class TeamConfig(_BaseConfig):
+    """Fields shared by the team trainers: episodes, generation, rewards and the team itself."""
 
-    The first block of fields repeats TRL's last `PPOConfig` (same names, same defaults). The second block describes
-    the team, the critic layout and the update rule. Derived batch sizes (`batch_size`, `mini_batch_size`, ...) are
-    filled in by the trainer, as TRL's PPO did.
-    """
+    presets = {}  # class attribute (not a field): name -> {field: value}
 
-    # ------------------------------------------------------------------ TRL PPOConfig fields (same defaults)
     exp_name: str = field(
         default=os.path.basename(sys.argv[0])[: -len(".py")] if sys.argv and sys.argv[0].endswith(".py") else "trl_collm",
         metadata={"help": "Name of this experiment."},
@@ -97,7 +129,6 @@ class MultiAgentPPOConfig(_BaseConfig):
     missing_eos_penalty: float | None = field(
         default=None, metadata={"help": "Penalty subtracted from the score of responses that do not end with the stop/EOS token."}
     )
-    sft_model_path: str = field(default="EleutherAI/pythia-160m", metadata={"help": "Path to the SFT model."})
     num_total_batches: int | None = field(default=None, metadata={"help": "Number of total PPO batches (computed at runtime)."})
     micro_batch_size: int | None = field(default=None, metadata={"help": "Micro batch size across devices (computed at runtime)."})
     local_batch_size: int | None = field(default=None, metadata={"help": "Batch size per GPU (computed at runtime)."})
@@ -105,21 +136,11 @@ class MultiAgentPPOConfig(_BaseConfig):
     local_mini_batch_size: int | None = field(default=None, metadata={"help": "Mini batch size per GPU (computed at runtime)."})
     mini_batch_size: int | None = field(default=None, metadata={"help": "Mini batch size across GPUs (computed at runtime)."})
     push_to_hub: bool = field(default=False, metadata={"help": "Whether to push the model to the Hub after training."})
-    reward_model_path: str = field(default="EleutherAI/pythia-160m", metadata={"help": "Path to the reward model."})
-    model_adapter_name: str | None = field(default=None, metadata={"help": "Name of the train target PEFT adapter, when using LoRA with multiple adapters."})
-    ref_adapter_name: str | None = field(default=None, metadata={"help": "Name of the reference PEFT adapter, when using LoRA with multiple adapters."})
-    num_ppo_epochs: int = field(default=4, metadata={"help": "Number of epochs to train."})
-    whiten_rewards: bool = field(default=False, metadata={"help": "Whether to whiten the rewards."})
-    kl_coef: float = field(default=0.05, metadata={"help": "KL coefficient."})
-    kl_estimator: str = field(default="k1", metadata={"help": "KL estimator: 'k1' (unbiased, high variance) or 'k3' (unbiased, lower variance)."})
-    cliprange: float | None = field(default=0.2, metadata={"help": "Clip range (None: no clipping)."})
-    vf_coef: float = field(default=0.1, metadata={"help": "Value function coefficient."})
-    cliprange_value: float | None = field(default=0.2, metadata={"help": "Clip range for the value function (None: no clipping)."})
     gamma: float = field(default=1.0, metadata={"help": "Discount factor."})
-    lam: float = field(default=0.95, metadata={"help": "Lambda value for GAE."})
     ds3_gather_for_generation: bool = field(
         default=True, metadata={"help": "Gather ZeRO-3 weights for generation (faster; set False for models that do not fit on one device)."}
     )
+
 
     # TRL's base turns activation checkpointing on; RL alternates generation and training forwards, so we leave it
     # off unless asked (`--activation_checkpointing`). None keeps transformers from warning about the old name.
@@ -150,7 +171,89 @@ class MultiAgentPPOConfig(_BaseConfig):
         default=None, metadata={"help": "End an episode early once the mean reward of a turn exceeds this value."}
     )
 
-    # ------------------------------------------------------------------ the critic
+    grad_clip_scope: str = field(
+        default="global", metadata={"help": "'global': one grad-norm clip over everything; 'per_module': each agent and critic clipped on its own."}
+    )
+    preset: str | None = field(default=None, metadata={"help": "One word that sets the update rule (see docs/algorithm.md)."})
+
+    def __post_init__(self):
+        if self.preset is not None:
+            if self.preset not in self.presets:
+                raise ValueError(f"`preset`={self.preset!r} is unknown; choose one of {sorted(self.presets)} or leave it unset.")
+            # A preset fills the fields the user left at their defaults; anything set explicitly wins.
+            defaults = {f.name: f.default for f in fields(self)}
+            for key, value in self.presets[self.preset].items():
+                if getattr(self, key) == defaults[key]:
+                    setattr(self, key, value)
+        super().__post_init__()
+        self._validate()
+
+    def resolve_for_team(self, num_agents: int) -> None:
+        """Fill the team-dependent defaults (called by the trainer once it knows the team)."""
+
+    def uses_reference(self) -> bool:
+        """Whether a reference policy is needed (a KL term)."""
+        return False
+
+    def _check_choices(self, choices: dict) -> None:
+        for name, allowed in choices.items():
+            value = getattr(self, name)
+            if value is None and name in ("critic_placement", "advantage_level"):
+                continue  # None: decided by the trainer from the team
+            if value not in allowed:
+                raise ValueError(f"`{name}`={value!r} is not valid; choose one of {list(allowed)}.")
+
+    def _validate(self):
+        self._check_choices({k: _CHOICES[k] for k in ("reward_type", "grad_clip_scope", "agent_context")})
+        for name in ("num_turns", "num_mini_batches", "response_length", "local_rollout_forward_batch_size"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"`{name}` must be >= 1, got {getattr(self, name)}.")
+        if self.num_agents is not None and self.num_agents < 1:
+            raise ValueError(f"`num_agents` must be >= 1, got {self.num_agents}.")
+        if self.agent_names is not None:
+            if len(set(self.agent_names)) != len(self.agent_names):
+                raise ValueError(f"`agent_names` must be unique, got {self.agent_names}.")
+            bad = [n for n in self.agent_names if not n or "/" in n or n.startswith(".") or n in ("critic", "critics")]
+            if bad:
+                raise ValueError(f"`agent_names` {bad} cannot be used as folder names; use names without '/' that are not 'critic'.")
+            if self.num_agents is not None and self.num_agents != len(self.agent_names):
+                raise ValueError(
+                    f"`num_agents`={self.num_agents} but `agent_names` has {len(self.agent_names)} names; drop one of them or make them agree."
+                )
+        if not 0.0 <= self.gamma <= 1.0:
+            raise ValueError(f"`gamma` must be in [0, 1], got {self.gamma}.")
+        if self.temperature <= 0:
+            raise ValueError(f"`temperature` must be > 0, got {self.temperature}.")
+        if self.stop_token is not None and self.stop_token != "eos":
+            raise ValueError(f"`stop_token`={self.stop_token!r}: only 'eos' is supported (or set `stop_token_id`).")
+        if self.reward_weights is not None and any(not math.isfinite(w) for w in self.reward_weights):
+            raise ValueError(f"`reward_weights` must be finite numbers, got {self.reward_weights}.")
+
+
+@dataclass
+class MultiAgentPPOConfig(TeamConfig):
+    r"""Configuration of [`MultiAgentPPOTrainer`].
+
+    With the shared fields of `TeamConfig`, it repeats every field of TRL's last `PPOConfig` (same names, same
+    defaults), and adds the critic layout and the update rule. Derived batch sizes (`batch_size`,
+    `mini_batch_size`, ...) are filled in by the trainer, as TRL's PPO did.
+    """
+
+    presets = PRESETS
+
+    # ------------------------------------------------------------------ TRL PPOConfig fields (same defaults)
+    sft_model_path: str = field(default="EleutherAI/pythia-160m", metadata={"help": "Path to the SFT model."})
+    reward_model_path: str = field(default="EleutherAI/pythia-160m", metadata={"help": "Path to the reward model."})
+    model_adapter_name: str | None = field(default=None, metadata={"help": "Name of the train target PEFT adapter, when using LoRA with multiple adapters."})
+    ref_adapter_name: str | None = field(default=None, metadata={"help": "Name of the reference PEFT adapter, when using LoRA with multiple adapters."})
+    num_ppo_epochs: int = field(default=4, metadata={"help": "Number of epochs to train."})
+    whiten_rewards: bool = field(default=False, metadata={"help": "Whether to whiten the rewards."})
+    kl_coef: float = field(default=0.05, metadata={"help": "KL coefficient."})
+    kl_estimator: str = field(default="k1", metadata={"help": "KL estimator: 'k1' (unbiased, high variance) or 'k3' (unbiased, lower variance)."})
+    cliprange: float | None = field(default=0.2, metadata={"help": "Clip range (None: no clipping)."})
+    vf_coef: float = field(default=0.1, metadata={"help": "Value function coefficient."})
+    cliprange_value: float | None = field(default=0.2, metadata={"help": "Clip range for the value function (None: no clipping)."})
+    lam: float = field(default=0.95, metadata={"help": "Lambda value for GAE."})    # ------------------------------------------------------------------ the critic
     critic_type: str = field(
         default="centralized",
         metadata={"help": "'centralized' (CoLLM-CC: one critic over the joint view) or 'decentralized' (CoLLM-DC: one critic per agent over its own view)."},
@@ -192,31 +295,24 @@ class MultiAgentPPOConfig(_BaseConfig):
         default=None, metadata={"help": "If set, advantages are divided by max(population std, floor) (reference) instead of sqrt(var + 1e-8)."}
     )
     policy_loss_type: str = field(default="ppo", metadata={"help": "'ppo' (clipped ratio surrogate) or 'reinforce' (reference rule)."})
-    grad_clip_scope: str = field(
-        default="global", metadata={"help": "'global': one grad-norm clip over everything; 'per_module': each agent and critic clipped on its own."}
-    )
     preset: str | None = field(
         default=None,
         metadata={"help": "One word that sets the update rule: 'collm' (the paper's reference rule, comlrl 1.3.2) or 'collm-1.4' (gamma 1.0, no grad clip)."},
     )
 
-    def __post_init__(self):
-        if self.preset is not None:
-            if self.preset not in PRESETS:
-                raise ValueError(f"`preset`={self.preset!r} is unknown; choose one of {sorted(PRESETS)} or leave it unset.")
-            # A preset fills the fields the user left at their defaults; anything set explicitly wins.
-            defaults = {f.name: f.default for f in fields(self)}
-            for key, value in PRESETS[self.preset].items():
-                if getattr(self, key) == defaults[key]:
-                    setattr(self, key, value)
-        super().__post_init__()
-        self._validate()
+
+    preset: str | None = field(
+        default=None,
+        metadata={"help": "One word that sets the update rule: 'collm' (the paper's reference rule, comlrl 1.3.2) or 'collm-1.4' (gamma 1.0, no grad clip)."},
+    )
 
     def resolve_for_team(self, num_agents: int) -> None:
-        """Fill the team-dependent defaults (called by the trainer once it knows the team)."""
         if self.advantage_level is None:
             self.advantage_level = "token" if num_agents == 1 else "turn"
         self.check_advantage_level()
+
+    def uses_reference(self) -> bool:
+        return self.kl_coef != 0
 
     def check_advantage_level(self) -> None:
         if self.advantage_level != "token":
@@ -229,40 +325,14 @@ class MultiAgentPPOConfig(_BaseConfig):
             raise ValueError("`advantage_level='token'` supports `num_turns=1`; use advantage_level='turn' for multi-turn episodes.")
 
     def _validate(self):
-        for name, allowed in _CHOICES.items():
-            if name in ("critic_placement", "advantage_level") and getattr(self, name) is None:
-                continue  # None: decided by the trainer from the team
-            value = getattr(self, name)
-            if value not in allowed:
-                raise ValueError(f"`{name}`={value!r} is not valid; choose one of {list(allowed)}.")
-        if self.critic_placement is not None and self.critic_placement not in _CHOICES["critic_placement"]:
-            raise ValueError(f"`critic_placement`={self.critic_placement!r} is not valid; choose one of {list(_CHOICES['critic_placement'])}.")
-        positive_ints = ("num_turns", "num_ppo_epochs", "num_mini_batches", "response_length", "local_rollout_forward_batch_size")
-        for name in positive_ints:
-            if int(getattr(self, name)) < 1:
-                raise ValueError(f"`{name}` must be >= 1, got {getattr(self, name)}.")
-        if self.num_agents is not None and self.num_agents < 1:
-            raise ValueError(f"`num_agents` must be >= 1, got {self.num_agents}.")
-        if self.agent_names is not None:
-            if len(set(self.agent_names)) != len(self.agent_names):
-                raise ValueError(f"`agent_names` must be unique, got {self.agent_names}.")
-            bad = [n for n in self.agent_names if not n or "/" in n or n.startswith(".") or n in ("critic", "critics")]
-            if bad:
-                raise ValueError(f"`agent_names` {bad} cannot be used as folder names; use names without '/' that are not 'critic'.")
-            if self.num_agents is not None and self.num_agents != len(self.agent_names):
-                raise ValueError(
-                    f"`num_agents`={self.num_agents} but `agent_names` has {len(self.agent_names)} names; drop one of them or make them agree."
-                )
-        if not 0.0 <= self.gamma <= 1.0:
-            raise ValueError(f"`gamma` must be in [0, 1], got {self.gamma}.")
+        super()._validate()
+        self._check_choices({k: v for k, v in _CHOICES.items() if k not in ("reward_type", "grad_clip_scope", "agent_context")})
+        if self.num_ppo_epochs < 1:
+            raise ValueError(f"`num_ppo_epochs` must be >= 1, got {self.num_ppo_epochs}.")
         if not 0.0 <= self.lam <= 1.0:
             raise ValueError(f"`lam` must be in [0, 1], got {self.lam}.")
-        if self.temperature <= 0:
-            raise ValueError(f"`temperature` must be > 0, got {self.temperature}.")
         if self.cliprange is not None and self.cliprange <= 0:
             raise ValueError(f"`cliprange` must be > 0 or None, got {self.cliprange}.")
-        if self.stop_token is not None and self.stop_token != "eos":
-            raise ValueError(f"`stop_token`={self.stop_token!r}: only 'eos' is supported (or set `stop_token_id`).")
         self.check_advantage_level()
         if self.reward_type == "per_agent" and self.critic_type == "centralized" and self.centralized_value == "team":
             raise ValueError(
@@ -272,8 +342,61 @@ class MultiAgentPPOConfig(_BaseConfig):
             raise ValueError(
                 "`policy_loss_type='reinforce'` is on-policy (no ratio); set `num_ppo_epochs=1` or use `policy_loss_type='ppo'`."
             )
-        if self.reward_weights is not None and any(not math.isfinite(w) for w in self.reward_weights):
-            raise ValueError(f"`reward_weights` must be finite numbers, got {self.reward_weights}.")
-        if self.critic_updates == "per_agent" and self.critic_type != "centralized":
-            # Decentralized critics are disjoint, so stepping per agent is the same as one joint step.
-            self.critic_updates = "joint"
+
+
+@dataclass
+class MultiAgentMCConfig(TeamConfig):
+    r"""Configuration of [`MultiAgentMCTrainer`], the Monte-Carlo (critic-free) team baseline (MAGRPO-style).
+
+    `per_device_train_batch_size` counts dataset rows (prompts) per device and iteration; each row becomes
+    `num_generations` samples per agent (and, in tree mode, `num_generations` children per node and turn).
+    """
+
+    presets = MC_PRESETS
+
+    learning_rate: float = field(default=5e-6, metadata={"help": "Learning rate of the agents."})
+    num_generations: int = field(default=4, metadata={"help": "G: completions sampled per agent per prompt (per tree node)."})
+    joint_mode: str = field(
+        default="aligned",
+        metadata={"help": "'aligned': the g-th samples of all agents form the g-th joint action (G joint actions); 'cross': every "
+                  "combination of the agents' samples (capped by max_joint_combinations), each sample credited with the mean "
+                  "return of the combinations it took part in (single-turn only)."},
+    )
+    max_joint_combinations: int = field(default=16, metadata={"help": "Cap on the joint actions per prompt in 'cross' mode (sampled when exceeded)."})
+    expansion: str = field(
+        default="tree",
+        metadata={"help": "Multi-turn: 'tree' (every node samples G children: G^T leaves per prompt) or 'per_branch' (G independent "
+                  "branches per prompt: G*T generations)."},
+    )
+    baseline: str = field(default="mean", metadata={"help": "Group baseline: 'mean', 'loo' (leave-one-out mean), 'max' or 'none'."})
+    scale_advantages: bool = field(default=False, metadata={"help": "Divide advantages by the group's std (GRPO-style)."})
+    loss_type: str = field(
+        default="reinforce",
+        metadata={"help": "'reinforce' (on-policy, -(sum of log-probs) * A, no ratio/clip) or 'clipped' (ratio surrogate over num_iterations)."},
+    )
+    num_iterations: int = field(default=1, metadata={"help": "Inner iterations over each batch (loss_type='clipped')."})
+    epsilon: float = field(default=0.2, metadata={"help": "Clip range of the ratio (loss_type='clipped')."})
+    beta: float = field(default=0.0, metadata={"help": "KL coefficient to the reference policy (0: no reference is kept)."})
+    kl_estimator: str = field(default="k3", metadata={"help": "KL estimator for beta: 'k1' or 'k3'."})
+    update_schedule: str = field(
+        default="joint",
+        metadata={"help": "'joint': one optimizer step per minibatch for all agents; 'per_agent_turn': one step per (agent, turn) group (MAGRPO)."},
+    )
+    preset: str | None = field(default=None, metadata={"help": "'magrpo': MAGRPO's update rule (see docs/algorithm.md)."})
+
+    def uses_reference(self) -> bool:
+        return self.beta != 0
+
+    def _validate(self):
+        super()._validate()
+        self._check_choices(_MC_CHOICES)
+        if self.num_generations < 2 and self.baseline != "none":
+            raise ValueError(f"`num_generations`={self.num_generations}: a group baseline needs >= 2 samples; raise it or set baseline='none'.")
+        if self.num_generations < 1 or self.num_iterations < 1 or self.max_joint_combinations < 1:
+            raise ValueError("`num_generations`, `num_iterations` and `max_joint_combinations` must be >= 1.")
+        if self.joint_mode == "cross" and self.num_turns > 1:
+            raise ValueError("`joint_mode='cross'` is single-turn; use joint_mode='aligned' with expansion='tree' for multi-turn.")
+        if self.loss_type == "reinforce" and self.num_iterations > 1:
+            raise ValueError("`loss_type='reinforce'` is on-policy (no ratio); set `num_iterations=1` or use loss_type='clipped'.")
+        if self.epsilon <= 0:
+            raise ValueError(f"`epsilon` must be > 0, got {self.epsilon}.")

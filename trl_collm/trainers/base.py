@@ -79,7 +79,7 @@ class TeamTrainerBase(_BaseTrainer):
         args.resolve_for_team(len(names))
         team = build_team(model, processing_class, ref_model, peft_config, args, names)
         critic = build_critic(team, value_model, args, peft_config, critic_processing_class) if self.needs_critic else None
-        if args.advantage_level == "token" and critic is not None:
+        if getattr(args, "advantage_level", None) == "token" and critic is not None:
             for a in names:
                 unit = critic.units[critic.key_for(a)]
                 if unit.tokenizer.get_vocab() != team.tokenizers[a].get_vocab():
