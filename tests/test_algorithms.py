@@ -395,3 +395,48 @@ def test_running_mean_std_mask_and_state_dict():
     other.load_state_dict(rms.state_dict())
     assert other.state_dict() == rms.state_dict()
     close(other.normalize(T([5.0])), [2.0], atol=1e-6)
+
+
+# --------------------------------------------------------------------------- #
+# Monte-Carlo group baselines (hand-computed on a fixed reward table)
+# --------------------------------------------------------------------------- #
+# Table: group 0 = [1, 2, 6], group 1 = [4, 0], group 2 = [5] (singleton), one masked entry (99) in group 1.
+_R = torch.tensor([1.0, 2.0, 6.0, 4.0, 0.0, 5.0, 99.0])
+_G = torch.tensor([0, 0, 0, 1, 1, 2, 1])
+_M = torch.tensor([1, 1, 1, 1, 1, 1, 0], dtype=torch.bool)
+
+
+def test_group_advantages_mean_baseline():
+    # group 0 mean 3 -> [-2, -1, 3]; group 1 mean 2 -> [2, -2]; singleton: 5 - 5 = 0; masked -> 0
+    adv = A.group_advantages(_R, _G, _M, baseline="mean")
+    assert torch.allclose(adv, torch.tensor([-2.0, -1.0, 3.0, 2.0, -2.0, 0.0, 0.0]))
+
+
+def test_group_advantages_leave_one_out():
+    # group 0: 1-(2+6)/2=-3, 2-(1+6)/2=-1.5, 6-(1+2)/2=4.5; group 1: 4-0=4, 0-4=-4; singleton has no others -> 0
+    adv = A.group_advantages(_R, _G, _M, baseline="loo")
+    assert torch.allclose(adv, torch.tensor([-3.0, -1.5, 4.5, 4.0, -4.0, 0.0, 0.0]))
+
+
+def test_group_advantages_max_and_none():
+    # max: group 0 max 6 -> [-5, -4, 0]; group 1 max 4 -> [0, -4]; singleton 0
+    adv = A.group_advantages(_R, _G, _M, baseline="max")
+    assert torch.allclose(adv, torch.tensor([-5.0, -4.0, 0.0, 0.0, -4.0, 0.0, 0.0]))
+    adv = A.group_advantages(_R, _G, _M, baseline="none")
+    assert torch.allclose(adv, torch.tensor([1.0, 2.0, 6.0, 4.0, 0.0, 5.0, 0.0]))
+
+
+def test_group_advantages_std_scaling():
+    # group 0: population std of [1,2,6] = sqrt(((-2)^2+(-1)^2+3^2)/3) = sqrt(14/3) = 2.160247
+    # group 1: std of [4,0] = 2 -> [1, -1]; singleton not scaled (0 anyway)
+    adv = A.group_advantages(_R, _G, _M, baseline="mean", scale=True, eps=0.0)
+    s0 = (14.0 / 3.0) ** 0.5
+    assert torch.allclose(adv, torch.tensor([-2 / s0, -1 / s0, 3 / s0, 1.0, -1.0, 0.0, 0.0]), atol=1e-6)
+
+
+def test_group_advantages_masked_entry_has_no_influence():
+    changed = _R.clone()
+    changed[6] = -1000.0
+    assert torch.allclose(A.group_advantages(_R, _G, _M, "loo"), A.group_advantages(changed, _G, _M, "loo"))
+    with pytest.raises(ValueError, match="baseline"):
+        A.group_advantages(_R, _G, _M, baseline="median")

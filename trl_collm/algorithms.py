@@ -26,6 +26,7 @@ __all__ = [
     "masked_var",
     "whiten",
     "zscore_by_group",
+    "group_advantages",
     "gae",
     "discounted_returns",
     "kl_per_token",
@@ -174,6 +175,52 @@ def zscore_by_group(
     out = torch.where(multi, normed, flat_x)
     out = _zero_masked(out, flat_m)
     return out.reshape(x.shape).to(x.dtype)
+
+
+def group_advantages(
+    returns: Tensor,
+    group_ids: Tensor,
+    mask: Optional[Tensor] = None,
+    baseline: str = "mean",
+    scale: bool = False,
+    eps: float = 1e-8,
+) -> Tensor:
+    """Monte-Carlo advantages: each return minus a baseline computed from its group (e.g. one prompt, agent, turn).
+
+    baseline: "mean" (group mean, MAGRPO), "loo" (mean of the *other* members: unbiased, and a singleton gets 0),
+    "max" (A <= 0: only the best sample is not pushed down), "none" (the return itself).
+    scale: divide by the group's population std (+eps), GRPO-style; groups with one member are not scaled.
+    """
+    if baseline not in ("mean", "loo", "max", "none"):
+        raise ValueError(f"baseline must be one of ('mean', 'loo', 'max', 'none'), got {baseline!r}")
+    if group_ids.shape != returns.shape:
+        raise ValueError(f"group_ids shape {tuple(group_ids.shape)} must match returns shape {tuple(returns.shape)}")
+    ra = _to_acc(returns)
+    m = _bool_mask(mask, ra).reshape(-1)
+    flat = _zero_masked(ra.reshape(-1), m)
+    uniq, inv = torch.unique(group_ids.reshape(-1).to(ra.device), return_inverse=True)
+    wm = m.to(ra.dtype)
+    counts = torch.zeros(uniq.numel(), dtype=ra.dtype, device=ra.device).index_add_(0, inv, wm)
+    sums = torch.zeros_like(counts).index_add_(0, inv, flat)
+    means = sums / counts.clamp(min=1)
+    if baseline == "mean":
+        base = means[inv]
+    elif baseline == "loo":
+        others = (counts[inv] - 1).clamp(min=1)
+        base = torch.where(counts[inv] > 1, (sums[inv] - flat) / others, flat)
+    elif baseline == "max":
+        masked = torch.where(m, flat, torch.full_like(flat, float("-inf")))
+        maxes = torch.full_like(counts, float("-inf")).scatter_reduce(0, inv, masked, reduce="amax")
+        base = maxes[inv]
+    else:
+        base = torch.zeros_like(flat)
+    adv = flat - base
+    if scale:
+        centered = _zero_masked(flat - means[inv], m)
+        var = torch.zeros_like(counts).index_add_(0, inv, centered**2) / counts.clamp(min=1)
+        adv = torch.where(counts[inv] > 1, adv / (var.sqrt()[inv] + eps), adv)
+    adv = _zero_masked(adv, m)
+    return adv.reshape(returns.shape).to(returns.dtype)
 
 
 # --------------------------------------------------------------------------- #

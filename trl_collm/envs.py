@@ -327,6 +327,23 @@ class MultiAgentEnv:
         self._episode_done = [False] * len(episodes)
         return observations
 
+    def fork_batch(self, episode_ids: Sequence[int]) -> list[int]:
+        """Branch running episodes: each new episode is a clone of one given episode in its current state.
+
+        Used by tree expansion (Monte-Carlo trainer): a node's children continue from the same state. Returns the new
+        episode ids, in the order of `episode_ids`.
+        """
+        if getattr(self, "_episodes", None) is None:
+            raise RuntimeError(f"{type(self).__name__}.fork_batch was called before reset_batch.")
+        new_ids = []
+        for e in episode_ids:
+            if self._episode_done[e]:
+                raise ValueError(f"{type(self).__name__}.fork_batch got episode {e}, which is done; only running episodes branch.")
+            self._episodes.append(self._episodes[e].clone())
+            self._episode_done.append(False)
+            new_ids.append(len(self._episodes) - 1)
+        return new_ids
+
     def _check_step_args(self, completions, episode_ids, num_agents) -> None:
         cls = type(self).__name__
         if getattr(self, "_episodes", None) is None:

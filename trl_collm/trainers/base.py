@@ -191,6 +191,56 @@ class TeamTrainerBase(_BaseTrainer):
             if params:
                 torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm)
 
+    # ------------------------------------------------------------------ update schedule (shared by the trainers)
+    def run_updates(self, turns, pairs: torch.Tensor, epochs: int, per_agent: bool, extra_backward=None) -> dict:
+        """Optimizer steps over the played (episode, turn) `pairs`.
+
+        joint: per epoch, shuffle the pairs, split them into `num_mini_batches`, one step each for every agent.
+        per_agent: the reference codes' schedule: for each agent, for each turn, for each minibatch, one step.
+        `extra_backward(mpairs, agents, weight, logs)` adds more backward passes to a step (the critic's).
+        """
+        args, names = self.args, self.team.names
+        logs = defaultdict(list)
+        for _ in range(epochs):
+            if not per_agent:
+                for mb in _split(pairs[torch.randperm(len(pairs))], args.num_mini_batches):
+                    self._step(turns, mb, names, logs, extra_backward)
+                continue
+            for a in names:
+                for t in range(len(turns)):
+                    sel = pairs[pairs[:, 1] == t]
+                    for mb in _split(sel[torch.randperm(len(sel))], args.num_mini_batches):
+                        self._step(turns, mb, [a], logs, extra_backward)
+        return logs
+
+    def _step(self, turns, pairs: torch.Tensor, agents: list[str], logs, extra_backward=None):
+        """One optimizer step on a minibatch of (episode, turn) pairs, micro-batched by per_device_train_batch_size.
+
+        Each part is backpropagated as soon as it is computed: with LoRA agents on one base the active adapter
+        changes between parts, and activation checkpointing must recompute with the adapter that was active.
+        """
+        micro = max(1, self.args.per_device_train_batch_size)
+        self.optimizer.zero_grad(set_to_none=True)
+        for mpairs in pairs.split(micro):
+            weight = len(mpairs) / len(pairs)  # micro losses are means; weight them to the minibatch mean
+            for a in agents:
+                for t in mpairs[:, 1].unique().tolist():
+                    at = turns[t][a]
+                    rows = _rows_of(at.episode_ids, mpairs[mpairs[:, 1] == t][:, 0])
+                    if len(rows):
+                        loss = self._policy_loss(a, at, rows, logs)
+                        self.accelerator.backward(loss * weight * len(rows) / len(mpairs))
+            if extra_backward is not None:
+                extra_backward(mpairs, agents, weight, logs)
+        critic_keys = sorted({self.critic.key_for(a) for a in agents}) if self.critic is not None else []
+        self._clip_gradients(agents, critic_keys)
+        self.optimizer.step()
+        if self.lr_scheduler is not None:
+            self.lr_scheduler.step()
+
+    def _policy_loss(self, agent: str, agent_turn, rows: torch.Tensor, logs) -> torch.Tensor:
+        raise NotImplementedError
+
     # ------------------------------------------------------------------ generation
     def generation_kwargs(self, greedy: bool = False) -> dict:
         args = self.args
@@ -408,3 +458,13 @@ class TeamTrainerBase(_BaseTrainer):
         with open(os.path.join(output_dir, TEAM_FILE), "w") as f:
             json.dump(self.team_description(), f, indent=2)
         torch.save(self.args, os.path.join(output_dir, "training_args.bin"))
+
+
+def _rows_of(episode_ids: torch.Tensor, wanted: torch.Tensor) -> torch.Tensor:
+    """Local row indices of `episode_ids` whose episode is in `wanted`."""
+    return torch.isin(episode_ids, wanted).nonzero().flatten()
+
+
+def _split(x: torch.Tensor, parts: int) -> list[torch.Tensor]:
+    parts = max(1, min(parts, len(x)))
+    return [c for c in torch.tensor_split(x, parts) if len(c)]

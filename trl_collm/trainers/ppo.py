@@ -19,7 +19,7 @@ from .. import algorithms as alg
 from ..configs import MultiAgentPPOConfig
 from ..rollout import AgentTurn, Rollout
 from ..views import centralized_view, decentralized_view
-from .base import TeamTrainerBase
+from .base import TeamTrainerBase, _rows_of
 
 
 @dataclass
@@ -253,61 +253,26 @@ class MultiAgentPPOTrainer(TeamTrainerBase):
         return metrics
 
     def update(self, roll: Rollout, cbs: list[CriticBatch]) -> dict:
-        args, names = self.args, self.team.names
-        pairs = roll.turn_mask.nonzero()  # (P, 2): (episode, turn) pairs that were played
-        logs = defaultdict(list)
-        for _ in range(args.num_ppo_epochs):
-            if args.critic_updates == "joint":
-                for mb in _split(pairs[torch.randperm(len(pairs))], args.num_mini_batches):
-                    self._step(roll, cbs, mb, names, logs)
-            else:  # the reference schedule: agent by agent, turn by turn
-                for a in names:
-                    for t in range(roll.num_turns):
-                        sel = pairs[pairs[:, 1] == t]
-                        if len(sel) == 0:
-                            continue
-                        for mb in _split(sel[torch.randperm(len(sel))], args.num_mini_batches):
-                            self._step(roll, cbs, mb, [a], logs)
-        out = {}
-        for key, vals in logs.items():
-            out[key] = float(torch.tensor(vals).mean())
-        out["val/ratio_var"] = float(torch.tensor(logs.get("val/ratio", [1.0])).var()) if len(logs.get("val/ratio", [])) > 1 else 0.0
-        return out
-
-    def _step(self, roll: Rollout, cbs: list[CriticBatch], pairs: torch.Tensor, agents: list[str], logs):
-        """One optimizer step on the (episode, turn) pairs of a minibatch, micro-batched for memory."""
         args = self.args
-        micro = max(1, args.per_device_train_batch_size)
-        self.optimizer.zero_grad(set_to_none=True)
-        n_pairs = len(pairs)
-        critic_keys = sorted({self.critic.key_for(a) for a in agents})
-        for mpairs in pairs.split(micro):
-            weight = len(mpairs) / n_pairs  # micro losses are means; weight them to the minibatch mean
-            for a in agents:
-                for t in mpairs[:, 1].unique().tolist():
-                    at = roll.turns[t][a]
-                    rows = _rows_of(at.episode_ids, mpairs[mpairs[:, 1] == t][:, 0])
-                    if len(rows) == 0:
-                        continue
-                    w = weight * len(rows) / len(mpairs)
-                    loss = self._policy_loss(a, at, rows, logs)
-                    self.accelerator.backward(loss * w)
+        pairs = roll.turn_mask.nonzero()  # (P, 2): (episode, turn) pairs that were played
+
+        def critic_backward(mpairs, agents, weight, logs):
+            """vf_coef x the critic loss on the same (episode, turn) pairs, for the critics of `agents`."""
+            keys = {self.critic.key_for(a) for a in agents}
             for cb in cbs:
-                if cb.key not in critic_keys:
-                    continue
                 cols = [c for c, x in enumerate(cb.agents) if x == "*team*" or x in agents]
-                if not cols:
+                if cb.key not in keys or not cols:
                     continue
                 rows = _rows_of(cb.episode_ids, mpairs[mpairs[:, 1] == cb.turn][:, 0])
-                if len(rows) == 0:
-                    continue
-                w = weight * len(rows) / len(mpairs)
-                loss = self._value_loss(cb, rows, cols, logs)
-                self.accelerator.backward(args.vf_coef * loss * w)
-        self._clip_gradients(agents, critic_keys)
-        self.optimizer.step()
-        if self.lr_scheduler is not None:
-            self.lr_scheduler.step()
+                if len(rows):
+                    loss = self._value_loss(cb, rows, cols, logs)
+                    self.accelerator.backward(args.vf_coef * loss * weight * len(rows) / len(mpairs))
+
+        logs = self.run_updates(roll.turns, pairs, args.num_ppo_epochs, args.critic_updates == "per_agent", critic_backward)
+        out = {key: float(torch.tensor(vals).mean()) for key, vals in logs.items()}
+        ratios = logs.get("val/ratio", [])
+        out["val/ratio_var"] = float(torch.tensor(ratios).var()) if len(ratios) > 1 else 0.0
+        return out
 
     def _policy_loss(self, a: str, at: AgentTurn, rows: torch.Tensor, logs) -> torch.Tensor:
         args = self.args
@@ -368,16 +333,6 @@ class MultiAgentPPOTrainer(TeamTrainerBase):
 def _suffix(at: AgentTurn) -> list[list[int]]:
     # Whole padded rows: every suffix has the same length, so response token j sits at the same position in each row.
     return [r.tolist() for r in at.gen.response_ids]
-
-
-def _rows_of(episode_ids: torch.Tensor, wanted: torch.Tensor) -> torch.Tensor:
-    """Local row indices of `episode_ids` whose episode is in `wanted`."""
-    return torch.isin(episode_ids, wanted).nonzero().flatten()
-
-
-def _split(x: torch.Tensor, parts: int) -> list[torch.Tensor]:
-    parts = max(1, min(parts, len(x)))
-    return [c for c in torch.tensor_split(x, parts) if len(c)]
 
 
 def _chunked(fn, total: int, size: int) -> torch.Tensor:
