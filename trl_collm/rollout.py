@@ -112,3 +112,176 @@ def run_episodes(
                 next_active.append(e)
         active = next_active
     return Rollout(list(names), list(rows), turns, rewards, turn_mask, infos)
+
+
+# ------------------------------------------------------------------------------------------------ Monte-Carlo runners
+@dataclass
+class SampleTree:
+    """A Monte-Carlo rollout: per turn, the nodes created at that turn.
+
+    In aligned / tree mode a node is one joint action (the k-th row of every agent's `AgentTurn`). In cross mode
+    (single turn) row k of agent i is agent i's k-th sample and `rewards[0][k, i]` its credit.
+    """
+
+    agent_names: list[str]
+    rows: list[dict]
+    turns: list[dict[str, AgentTurn]]
+    rewards: list[torch.Tensor]  # rewards[t]: (N_t, n)
+    parents: list[torch.Tensor]  # parents[t]: (N_t,) index of the parent node at turn t-1 (-1 at turn 0)
+    groups: list[torch.Tensor]  # groups[t]: (N_t,) siblings share a group id: the baseline's group
+    row_index: list[torch.Tensor]  # row_index[t]: (N_t,) dataset row of the node
+    credit_mask: list[torch.Tensor] | None = None  # cross mode: (N_t, n) samples that took part in a joint action
+
+    @property
+    def num_turns(self) -> int:
+        return len(self.turns)
+
+    def returns(self, gamma: float) -> list[torch.Tensor]:
+        """R_t(node) = r_t(node) + gamma * mean of R_{t+1} over the node's children (its reward alone at a leaf)."""
+        out = [None] * self.num_turns
+        for t in reversed(range(self.num_turns)):
+            ret = self.rewards[t].clone()
+            if t + 1 < self.num_turns and len(self.parents[t + 1]):
+                n_nodes, n = ret.shape
+                sums = torch.zeros(n_nodes, n).index_add_(0, self.parents[t + 1], out[t + 1])
+                counts = torch.zeros(n_nodes).index_add_(0, self.parents[t + 1], torch.ones(len(self.parents[t + 1])))
+                has_children = counts > 0
+                ret[has_children] += gamma * sums[has_children] / counts[has_children].unsqueeze(-1)
+            out[t] = ret
+        return out
+
+
+def _prompts_for(team, observations, episode_ids, histories, agent_context, t):
+    names = team.names
+    prompts = {a: [] for a in names}
+    contexts = {a: [] for a in names}
+    for e in episode_ids:
+        for i, a in enumerate(names):
+            obs = observations[e][i]
+            text = team.decode_observation(a, obs)
+            histories[e][0][i].append(text)
+            if agent_context == "history" and t > 0:
+                text = history_context(histories[e][0][i], histories[e][1][i])
+                obs = text
+            prompts[a].append(obs)
+            contexts[a].append(text)
+    return prompts, contexts
+
+
+def run_tree(
+    team: AgentTeam,
+    env: MultiAgentEnv,
+    rows: list[dict],
+    num_turns: int,
+    num_generations: int,
+    expansion: str,
+    device,
+    gen_kwargs: dict,
+    agent_context: str = "observation",
+    early_termination_threshold: float | None = None,
+    stop_token_id: int | None = None,
+    generation_batch_size: int | None = None,
+    unwrap=None,
+) -> SampleTree:
+    """G samples per agent per prompt, joint actions index-aligned; multi-turn by tree expansion (each node samples
+    G children: G^T leaves per prompt) or per branch (G independent branches: G*T generations per prompt)."""
+    names = team.names
+    n, G = len(names), num_generations
+    root_rows = [row for row in rows for _ in range(G)]
+    observations = dict(enumerate(env.reset_batch(root_rows, n, names)))
+    episodes = list(range(len(root_rows)))
+    histories = {e: ([[] for _ in names], [[] for _ in names]) for e in episodes}
+    parents = [-1] * len(episodes)
+    groups = [k // G for k in range(len(episodes))]
+    row_of = list(groups)
+    tree = SampleTree(list(names), list(rows), [], [], [], [], [])
+    next_group = len(rows)
+    for t in range(num_turns):
+        if not episodes:
+            break
+        prompts, contexts = _prompts_for(team, observations, episodes, histories, agent_context, t)
+        gens = team.generate(prompts, device, gen_kwargs, stop_token_id, generation_batch_size, unwrap)
+        ids = torch.arange(len(episodes))
+        tree.turns.append({a: AgentTurn(a, t, ids, prompts[a], contexts[a], gens[a]) for a in names})
+        completions = [[gens[a].texts[k] for a in names] for k in range(len(episodes))]
+        for k, e in enumerate(episodes):
+            for i in range(n):
+                histories[e][1][i].append(completions[k][i])
+        step = env.step_batch(completions, episodes, n, names)
+        rewards = step.rewards.float().cpu()
+        tree.rewards.append(rewards)
+        tree.parents.append(torch.tensor(parents, dtype=torch.long))
+        tree.groups.append(torch.tensor(groups, dtype=torch.long))
+        tree.row_index.append(torch.tensor(row_of, dtype=torch.long))
+        done = step.dones.bool().cpu().clone()
+        if early_termination_threshold is not None:
+            done |= rewards.mean(-1) > early_termination_threshold
+        if t + 1 == num_turns:
+            break
+        new_episodes, new_parents, new_groups, new_rows = [], [], [], []
+        for k, e in enumerate(episodes):
+            if bool(done[k]):
+                continue
+            if expansion == "tree":
+                children = [e] + env.fork_batch([e] * (G - 1))
+                group = next_group
+                next_group += 1
+            else:
+                children, group = [e], row_of[k]  # one branch continues; siblings are the row's other branches
+            for c in children:
+                observations[c] = step.observations[k]
+                histories[c] = ([list(h) for h in histories[e][0]], [list(h) for h in histories[e][1]])
+                new_episodes.append(c), new_parents.append(k), new_groups.append(group), new_rows.append(row_of[k])
+        episodes, parents, groups, row_of = new_episodes, new_parents, new_groups, new_rows
+    return tree
+
+
+def run_cross(
+    team: AgentTeam,
+    env: MultiAgentEnv,
+    rows: list[dict],
+    num_generations: int,
+    max_combinations: int,
+    device,
+    gen_kwargs: dict,
+    generator: torch.Generator,
+    stop_token_id: int | None = None,
+    generation_batch_size: int | None = None,
+    unwrap=None,
+) -> SampleTree:
+    """Single turn, cross product: every agent samples G completions per prompt; the joint actions are all G^n
+    combinations (or `max_combinations` of them drawn without replacement); each agent's sample is credited with the
+    mean reward it received over the combinations it took part in."""
+    import itertools
+
+    names = team.names
+    n, G, E = len(names), num_generations, len(rows)
+    observations = env.reset_batch(rows, n, names)
+    sample_rows = [e for e in range(E) for _ in range(G)]
+    histories = {k: ([[] for _ in names], [[] for _ in names]) for k in range(E * G)}
+    obs_per_sample = {k: observations[sample_rows[k]] for k in range(E * G)}
+    prompts, contexts = _prompts_for(team, obs_per_sample, range(E * G), histories, "observation", 0)
+    gens = team.generate(prompts, device, gen_kwargs, stop_token_id, generation_batch_size, unwrap)
+    combos = []  # (row, (g_1, ..., g_n))
+    total = G**n
+    for e in range(E):
+        if total <= max_combinations:
+            picks = list(itertools.product(range(G), repeat=n))
+        else:
+            flat = torch.randperm(total, generator=generator)[:max_combinations].tolist()
+            picks = [tuple((f // G**(n - 1 - i)) % G for i in range(n)) for f in flat]
+        combos += [(e, p) for p in picks]
+    env.reset_batch([rows[e] for e, _ in combos], n, names)
+    completions = [[gens[a].texts[e * G + p[i]] for i, a in enumerate(names)] for e, p in combos]
+    step = env.step_batch(completions, list(range(len(combos))), n, names)
+    sums = torch.zeros(E * G, n)
+    counts = torch.zeros(E * G, n)
+    for c, (e, p) in enumerate(combos):
+        for i in range(n):
+            sums[e * G + p[i], i] += step.rewards[c, i]
+            counts[e * G + p[i], i] += 1
+    ids = torch.arange(E * G)
+    turn = {a: AgentTurn(a, 0, ids, prompts[a], contexts[a], gens[a]) for a in names}
+    credit = torch.where(counts > 0, sums / counts.clamp(min=1), torch.zeros_like(sums))
+    rows_t = torch.tensor(sample_rows, dtype=torch.long)
+    return SampleTree(list(names), list(rows), [turn], [credit], [torch.full((E * G,), -1)], [rows_t], [rows_t], [counts > 0])

@@ -46,7 +46,7 @@ import time
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-__all__ = ["SandboxResult", "TestOutcome", "TestReport", "run_python", "run_tests"]
+__all__ = ["SandboxResult", "TestOutcome", "TestReport", "run_python", "run_tests", "split_tests"]
 
 _NOBODY = 65534
 _TRUNCATION_MARKER = "\n...[output truncated by the sandbox after {n} bytes]"
@@ -595,3 +595,356 @@ def run_python(
         isolation=isolation,
         pid=pid,
     )
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# run_tests: per-test results for a solution
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class TestOutcome:
+    """One test unit: an assert-bearing statement plus the setup statements just before it."""
+
+    __test__ = False  # not a pytest test class
+
+    index: int
+    source: str
+    status: str = "not_run"  # "passed" | "failed" | "error" | "timeout" | "not_run"
+    message: str = ""  # failing assert (with the value obtained when it is a comparison) or the exception
+    got: str | None = None  # repr of the left side of a failing comparison
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "passed"
+
+
+@dataclass
+class TestReport:
+    """Per-test results of ``run_tests``."""
+
+    __test__ = False
+
+    outcomes: list[TestOutcome]
+    syntax_error: dict | None = None  # {"line", "offset", "message", "text"} of the solution
+    load_error: str | None = None  # exception raised while defining the solution (module level)
+    entry_point_missing: bool = False
+    timed_out: bool = False  # the whole run hit its wall-clock limit
+    sandbox: SandboxResult | None = None
+
+    @property
+    def total(self) -> int:
+        return len(self.outcomes)
+
+    @property
+    def passed(self) -> int:
+        return sum(o.passed for o in self.outcomes)
+
+    @property
+    def fraction(self) -> float:
+        return self.passed / self.total if self.total else 0.0
+
+    @property
+    def all_passed(self) -> bool:
+        return self.total > 0 and self.passed == self.total
+
+    def failures(self) -> list[TestOutcome]:
+        return [o for o in self.outcomes if not o.passed]
+
+    def summary(self, max_failures: int = 3) -> str:
+        """Short human-readable feedback (used in multi-turn prompts)."""
+        if self.syntax_error is not None:
+            se = self.syntax_error
+            text = f"\n    {se['text']}" if se.get("text") else ""
+            return f"SyntaxError at line {se['line']}: {se['message']}{text}"
+        lines = [f"{self.passed}/{self.total} tests passed."]
+        if self.load_error:
+            lines.append(f"Defining the code raised: {self.load_error}")
+        if self.entry_point_missing:
+            lines.append("The function under test is not defined.")
+        if self.timed_out:
+            lines.append("The run was stopped: it exceeded the time limit.")
+        fails = self.failures()
+        for o in fails[:max_failures]:
+            lines.append(f"- {o.message or o.source} [{o.status}]")
+        if len(fails) > max_failures:
+            lines.append(f"- ... and {len(fails) - max_failures} more")
+        return "\n".join(lines)
+
+
+def _unparse(node: ast.AST) -> str:
+    return ast.unparse(node)
+
+
+def _is_trivial_assert(stmt: ast.stmt) -> bool:
+    """`assert True, "..."` (HumanEval's debugging placeholders) tests nothing and is not counted."""
+    return isinstance(stmt, ast.Assert) and isinstance(stmt.test, ast.Constant) and bool(stmt.test.value)
+
+
+def _has_assert(stmt: ast.stmt) -> bool:
+    return any(isinstance(n, ast.Assert) for n in ast.walk(stmt))
+
+
+def _group_units(stmts: list[ast.stmt]) -> tuple[list[str], list[str]]:
+    """Split statements into test units: each assert-bearing statement with the setup lines just before it.
+    Returns (units, trailing setup). Trivial asserts are dropped."""
+    units, pending = [], []
+    for stmt in stmts:
+        if _is_trivial_assert(stmt):
+            continue
+        pending.append(_unparse(stmt))
+        if _has_assert(stmt):
+            units.append("\n".join(pending))
+            pending = []
+    return units, pending
+
+
+def split_tests(tests: list[str] | str, entry_point: str | None = None) -> tuple[str, list[str], list[str]]:
+    """(module setup source, test unit sources, names bound to the function under test).
+
+    * a list of strings: each is one test (e.g. ``"assert add(1, 2) == 3"``);
+    * a HumanEval-style program defining ``check(candidate)``: the module-level lines are setup and each
+      assert-bearing statement of ``check``'s body is one test (``candidate`` = the entry point);
+    * any other program: each assert-bearing module-level statement is one test.
+    """
+    names = [entry_point] if entry_point else []
+    if not isinstance(tests, str):
+        tests = [str(t) for t in tests]
+        for t in tests:
+            ast.parse(t)  # a malformed test is the caller's bug: fail loudly here, not as a "failed test"
+        return "", tests, names
+    module = ast.parse(tests)
+    check = next((n for n in module.body if isinstance(n, ast.FunctionDef) and n.name == "check"), None)
+    if check is not None:
+        setup = "\n".join(_unparse(n) for n in module.body if n is not check)
+        if check.args.args:
+            names = names + [check.args.args[0].arg]
+        units, _trailing = _group_units(check.body)  # lines after the last assert test nothing
+        return setup, units, names
+    units, trailing = _group_units(module.body)
+    return "\n".join(trailing), units, names
+
+
+_HARNESS = r'''
+def _trl_collm_harness(user_code, setup, units, names, entry_point, per_test_timeout, strict):
+    import ast, builtins, json, operator, os, signal, sys, traceback
+    nonce = sys.stdin.readline().strip()
+    # Results go to a private duplicate of stdout; the program's own prints go to /dev/null so they can neither
+    # flood the output cap nor be confused with results.
+    out_fd = os.dup(1)
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 1)
+    write, dumps, repr_, type_, len_, isinstance_ = os.write, json.dumps, repr, type, len, isinstance
+
+    def emit(**rec):
+        write(out_fd, (nonce + dumps(rec) + "\n").encode("utf-8", "replace"))
+
+    def short(text, n=300):
+        return text if len_(text) <= n else text[: n - 3] + "..."
+
+    def describe(err):
+        return short("".join(traceback.format_exception_only(type_(err), err)).strip().splitlines()[-1])
+
+    class TestTimeout(BaseException):
+        pass
+
+    def on_alarm(signum, frame):
+        raise TestTimeout()
+    signal.signal(signal.SIGALRM, on_alarm)
+
+    def arm():
+        signal.setitimer(signal.ITIMER_REAL, per_test_timeout)
+
+    def disarm():
+        signal.setitimer(signal.ITIMER_REAL, 0)
+
+    # Snapshots taken before the solution runs, restored before every test, so a solution cannot make the tests
+    # pass by patching builtins (abs, sorted, ...) or the modules the tests use (math.isclose, ...).
+    test_builtins = dict(builtins.__dict__)
+    imported = set()
+    for src in [setup] + list(units):
+        for node in ast.walk(ast.parse(src)):
+            if isinstance_(node, ast.Import):
+                imported.update(a.name for a in node.names)
+            elif isinstance_(node, ast.ImportFrom) and node.module and not node.level:
+                imported.add(node.module)
+    saved_modules = {}
+    for name in sorted(imported):
+        try:
+            __import__(name)
+            saved_modules[name] = (sys.modules[name], dict(sys.modules[name].__dict__))
+        except BaseException:
+            pass
+
+    def restore():
+        for name, (mod, d) in saved_modules.items():
+            sys.modules[name] = mod
+            if mod.__dict__ != d:
+                mod.__dict__.clear()
+                mod.__dict__.update(d)
+
+    plain_scalars = (int, float, bool, str, bytes, complex, type_(None))
+    plain_containers = (list, tuple, set, frozenset)
+
+    def plain(x, depth=0):
+        t = type_(x)
+        if t in plain_scalars:
+            return True
+        if depth > 50:
+            return False
+        if t in plain_containers:
+            return all(plain(v, depth + 1) for v in x)
+        if t is dict:
+            return all(plain(k, depth + 1) and plain(v, depth + 1) for k, v in x.items())
+        return False
+
+    # --- the solution ---------------------------------------------------------------------------------------
+    try:
+        code = compile(user_code, "solution.py", "exec", dont_inherit=True)
+    except (SyntaxError, ValueError) as err:
+        emit(kind="syntax_error", line=getattr(err, "lineno", None), offset=getattr(err, "offset", None),
+             message=getattr(err, "msg", str(err)), text=(getattr(err, "text", None) or "").rstrip("\n"))
+        return
+    user_ns = {"__name__": "__main__", "__builtins__": builtins}
+    try:
+        arm()
+        exec(code, user_ns)
+        disarm()
+    except TestTimeout:
+        emit(kind="load_error", error="defining the code timed out")
+    except BaseException as err:
+        disarm()
+        emit(kind="load_error", error=describe(err))
+    restore()
+
+    real = user_ns.get(entry_point) if entry_point else None
+    if entry_point and not callable(real):
+        emit(kind="entry_point_missing")
+
+    returned = []  # the latest value returned by the function under test, for "got ..." messages
+
+    def candidate(*args, **kwargs):
+        if not callable(real):
+            raise NameError(f"name {entry_point!r} is not defined")
+        result = real(*args, **kwargs)
+        restore()
+        returned[:] = [result]
+        if strict and not plain(result):
+            raise TypeError(f"{entry_point} returned a {type_(result).__name__}, not a plain built-in value")
+        return result
+
+    test_ns = {k: v for k, v in user_ns.items() if not k.startswith("__") and k not in test_builtins}
+    test_ns["__builtins__"] = test_builtins
+    test_ns["__name__"] = "__tests__"
+    for name in names:
+        test_ns[name] = candidate
+    try:
+        exec(compile(setup, "tests.py", "exec"), test_ns)
+    except BaseException as err:
+        emit(kind="setup_error", error=describe(err))
+    for name in names:  # the setup must not shadow the function under test
+        test_ns[name] = candidate
+
+    ops = {ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le,
+           ast.Gt: operator.gt, ast.GtE: operator.ge, ast.Is: operator.is_, ast.IsNot: operator.is_not,
+           ast.In: lambda a, b: a in b, ast.NotIn: lambda a, b: a not in b}
+
+    for index, src in enumerate(units):
+        restore()
+        returned.clear()
+        status, message, got = "passed", "", None
+        body = ast.parse(src).body
+        last = body[-1]
+        head = ast.Module(body=body[:-1], type_ignores=[])
+        summary = ast.unparse(last).splitlines()[0]
+        try:
+            arm()
+            exec(compile(head, "tests.py", "exec"), test_ns)
+            test = last.test if isinstance_(last, ast.Assert) else None
+            if isinstance_(test, ast.Compare) and len_(test.ops) == 1 and type_(test.ops[0]) in ops:
+                left = eval(compile(ast.Expression(test.left), "tests.py", "eval"), test_ns)
+                right = eval(compile(ast.Expression(test.comparators[0]), "tests.py", "eval"), test_ns)
+                restore()
+                if not ops[type_(test.ops[0])](left, right):
+                    got = short(repr_(returned[0] if returned else left), 200)
+                    raise AssertionError(None)
+            else:
+                exec(compile(ast.Module(body=[last], type_ignores=[]), "tests.py", "exec"), test_ns)
+            disarm()
+        except TestTimeout:
+            status, message = "timeout", f"{summary}  # timed out after {per_test_timeout}s"
+        except AssertionError as err:
+            disarm()
+            status = "failed"
+            message = summary + (f"  # got {got}" if got is not None else "")
+            if err.args and err.args[0] is not None:
+                message += f"  ({short(str(err.args[0]), 200)})"
+        except BaseException as err:
+            disarm()
+            status, message = "error", f"{summary}  # raised {describe(err)}"
+        emit(kind="test", index=index, status=status, message=message, got=got)
+    emit(kind="done")
+'''
+
+
+def run_tests(
+    code: str,
+    tests: list[str] | str,
+    entry_point: str | None = None,
+    timeout: float = 10.0,
+    per_test_timeout: float = 3.0,
+    memory_mb: int = 512,
+    strict_returns: bool = True,
+    **sandbox_kwargs,
+) -> TestReport:
+    """Run ``tests`` against ``code`` in ONE sandboxed process and report each test separately.
+
+    ``tests`` is a list of test statements or a test program (see ``split_tests``); ``entry_point`` names the
+    function under test (bound to ``candidate`` in HumanEval-style checks). ``timeout`` bounds the whole run,
+    ``per_test_timeout`` each test. With ``strict_returns`` the function under test must return plain built-in
+    values (numbers, strings, lists, dicts, ... of exact built-in types): an object with an ``__eq__`` that always
+    says True is reported as an error, not as a pass. Tests also see builtins and imported modules as they were
+    before the solution ran. These checks make naive reward hacks fail; they are not a proof against a
+    determined adversary (see the module docstring).
+    """
+    setup, units, names = split_tests(tests, entry_point)
+    outcomes = [TestOutcome(index=i, source=u) for i, u in enumerate(units)]
+    nonce = "@@" + secrets.token_hex(16) + "@@"
+    program = _HARNESS + "\n_trl_collm_harness(" + ", ".join(
+        repr(x) for x in (code, setup, units, names, entry_point, float(per_test_timeout), bool(strict_returns))
+    ) + ")\n"
+    result = run_python(program, timeout=timeout, memory_mb=memory_mb, stdin=nonce + "\n", **sandbox_kwargs)
+    report = TestReport(outcomes=outcomes, timed_out=result.timed_out, sandbox=result)
+    done = False
+    for line in result.stdout.splitlines():
+        if not line.startswith(nonce):
+            continue
+        try:
+            rec = json.loads(line[len(nonce):])
+        except ValueError:
+            continue
+        kind = rec.get("kind")
+        if kind == "syntax_error":
+            report.syntax_error = {k: rec.get(k) for k in ("line", "offset", "message", "text")}
+        elif kind == "load_error":
+            report.load_error = rec.get("error")
+        elif kind == "entry_point_missing":
+            report.entry_point_missing = True
+        elif kind == "test" and 0 <= rec.get("index", -1) < len(outcomes):
+            o = outcomes[rec["index"]]
+            o.status, o.message, o.got = rec.get("status", "error"), rec.get("message", ""), rec.get("got")
+        elif kind == "done":
+            done = True
+    if report.syntax_error is not None:
+        for o in outcomes:
+            o.status, o.message = "error", "the code does not compile"
+    elif not done:
+        # The process died (os._exit, crash, memory, wall clock) before reporting these tests.
+        why = result.killed_reason or (f"exit status {result.returncode}" if result.returncode else "an early exit")
+        if result.memory_error:
+            why = "MemoryError"
+        for o in outcomes:
+            if o.status == "not_run":
+                o.status = "timeout" if result.timed_out else "not_run"
+                o.message = f"{o.source.splitlines()[-1]}  # not completed: {why}"
+    return report

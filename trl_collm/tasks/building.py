@@ -310,10 +310,12 @@ def score_world(world: World, target: Target, palettes: Mapping[str, Sequence[st
     )
     comp["iou_pct"] = 100.0 * comp["iou"]
     comp["adj_pct"] = 100.0 * comp["adjacency"]
+    # Listing order for feedback: left to right, top to bottom for a string; layer by layer for a house.
+    key = (lambda c: (c[0], -c[1], c[2])) if target.kind == "str" else (lambda c: (c[1], c[2], c[0]))
     comp["details"] = {
-        "missing": sorted(missing),
-        "wrong": sorted(wrong),
-        "extra": extra,
+        "missing": sorted(missing, key=key),
+        "wrong": sorted(wrong, key=lambda w: key(w[0])),
+        "extra": sorted(extra, key=key),
         "same_colour": same,
         "unused": unused,
     }
@@ -461,13 +463,16 @@ def oracle_commands(
         raise ValueError(f"oracle_commands: unknown agent {agent!r}; the palettes are for {list(palettes)}")
     mine = {c: b for c, (a, b) in _oracle_assignment(target, palettes).items() if a == agent}
     commands = [_command_text(lo, hi, b) for lo, hi, b in _boxes(mine)]
-    per_turn = math.ceil(len(commands) / num_turns) if commands else 0
-    if turn_budget is not None and per_turn > turn_budget:
+    # Balanced split: turn sizes differ by at most one, so every turn makes progress when there is enough work.
+    base, rest = divmod(len(commands), num_turns)
+    sizes = [base + (t < rest) for t in range(num_turns)]
+    if turn_budget is not None and sizes[0] > turn_budget:
         raise ValueError(
             f"oracle_commands: {agent} needs {len(commands)} commands for '{target.name}', more than "
             f"{num_turns} turns x {turn_budget} commands"
         )
-    return ["\n".join(commands[t * per_turn : (t + 1) * per_turn]) for t in range(num_turns)]
+    starts = [sum(sizes[:t]) for t in range(num_turns)]
+    return ["\n".join(commands[s : s + n]) for s, n in zip(starts, sizes)]
 
 
 def oracle_world(row: Mapping, palettes: Mapping[str, Sequence[str]] | None = None) -> World:

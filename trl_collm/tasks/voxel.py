@@ -365,13 +365,17 @@ def render_png(world: World, path, target: Target | None = None, title: str | No
 
     w, h, d = world.size
     plane = d == 1
-    layers = [None] if plane else list(range(h))
+    target_cells = target.cells if target is not None else {}
+    if plane:
+        layers = [None]
+    else:  # a layer with neither blocks nor target cells (the headroom above a roof) is not worth a panel
+        busy = {c[1] for c in world.cells} | {c[1] for c in target_cells}
+        layers = [y for y in range(h) if y in busy] or [0]
     iso = not plane
     ncols = len(layers) + (1 if iso else 0)
     panel_w = max(2.0, 0.32 * w) if plane else max(2.2, 0.45 * w)
     panel_h = max(1.6, 0.32 * h) if plane else max(2.2, 0.45 * d)
     fig = plt.figure(figsize=(panel_w * ncols + 0.5, panel_h + 1.4), dpi=dpi)
-    target_cells = target.cells if target is not None else {}
 
     def draw_cell(ax, u, v, cell):
         block = world.block(cell)

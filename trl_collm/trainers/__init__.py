@@ -1,4 +1,5 @@
 from .base import TeamTrainerBase
+from .mc import MultiAgentMCTrainer
 from .ppo import MultiAgentPPOTrainer
 
-__all__ = ["TeamTrainerBase", "MultiAgentPPOTrainer"]
+__all__ = ["TeamTrainerBase", "MultiAgentMCTrainer", "MultiAgentPPOTrainer"]

@@ -1,0 +1,160 @@
+"""MultiAgentMCTrainer: the Monte-Carlo, critic-free team baseline (group baselines, MAGRPO-style).
+
+One iteration:
+1. sample: G completions per agent per prompt, joint actions index-aligned (multi-turn: tree expansion or G
+   independent branches) or as a capped cross product (single turn), `rollout.run_tree` / `run_cross`;
+2. returns: a node's reward plus gamma times the mean return of its children; advantages: return minus a baseline
+   of its group (the G siblings: same prompt or parent node, same agent, same turn), optionally std-scaled;
+3. update: REINFORCE on the summed log-probability of every completion token (on-policy), or a clipped ratio
+   surrogate over `num_iterations` with an optional KL to the reference; the agents' losses are summed.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import algorithms as alg
+from ..configs import MultiAgentMCConfig
+from ..rollout import AgentTurn, SampleTree, run_cross, run_tree
+from .base import TeamTrainerBase
+
+
+class MultiAgentMCTrainer(TeamTrainerBase):
+    """Critic-free multi-agent trainer. Same constructor forms as `MultiAgentPPOTrainer` (no value model)."""
+
+    _tag_names = ["trl", "trl-collm", "multi-agent", "magrpo"]
+    _name = "MultiAgentMC"
+    needs_critic = False
+    _paper = {
+        "title": "LLM Collaboration With Multi-Agent Reinforcement Learning",
+        "id": "2508.04652",
+        "citation": "@article{liu2025magrpo, title={LLM Collaboration With Multi-Agent Reinforcement Learning}, "
+        "author={Liu, Shuo and Liang, Zeyu and Lyu, Xueguang and Amato, Christopher}, journal={arXiv:2508.04652}, year={2025}}",
+    }
+
+    def __init__(self, args: MultiAgentMCConfig | None = None, processing_class=None, model=None, ref_model=None,
+                 reward_model=None, train_dataset=None, data_collator=None, eval_dataset=None, optimizers=(None, None),
+                 callbacks=None, peft_config=None, reward_funcs=None, env=None, **kwargs):
+        args = args or MultiAgentMCConfig(output_dir="outputs/mc")
+        if not isinstance(args, MultiAgentMCConfig):
+            raise TypeError(f"`args` must be a MultiAgentMCConfig, got {type(args).__name__}.")
+        super().__init__(args, processing_class, model, ref_model, reward_model, train_dataset, None, data_collator,
+                         eval_dataset, optimizers, callbacks, peft_config, reward_funcs, env, **kwargs)
+        self._generator = torch.Generator().manual_seed(args.seed)
+
+    def optimizer_steps_per_iteration(self) -> int:
+        args = self.args
+        groups = len(self.team.names) * args.num_turns if args.update_schedule == "per_agent_turn" else 1
+        return args.num_iterations * args.num_mini_batches * groups
+
+    # ------------------------------------------------------------------ sampling
+    def sample(self, rows: list[dict]) -> SampleTree:
+        args = self.args
+        self.model.eval()
+        common = dict(stop_token_id=args.stop_token_id, generation_batch_size=args.local_rollout_forward_batch_size,
+                      unwrap=self._unwrap_for_generation())
+        if args.joint_mode == "cross":
+            return run_cross(self.team, self.env, rows, args.num_generations, args.max_joint_combinations,
+                             self.accelerator.device, self.generation_kwargs(), self._generator, **common)
+        return run_tree(self.team, self.env, rows, args.num_turns, args.num_generations, args.expansion,
+                        self.accelerator.device, self.generation_kwargs(), agent_context=args.agent_context,
+                        early_termination_threshold=args.early_termination_threshold, **common)
+
+    def advantages(self, tree: SampleTree) -> list[torch.Tensor]:
+        """Per turn, (N_t, n) advantages: return minus the baseline of the node's group, per agent."""
+        args = self.args
+        returns = tree.returns(args.gamma)
+        out = []
+        for t, ret in enumerate(returns):
+            mask = tree.credit_mask[t] if tree.credit_mask is not None else torch.ones_like(ret, dtype=torch.bool)
+            adv = torch.stack(
+                [alg.group_advantages(ret[:, i], tree.groups[t], mask[:, i], args.baseline, args.scale_advantages)
+                 for i in range(ret.shape[1])], dim=-1)
+            out.append(adv)
+        self._returns = returns
+        return out
+
+    # ------------------------------------------------------------------ the iteration
+    def training_iteration(self, rows: list[dict]) -> dict:
+        return self.learn(self.sample(rows))
+
+    def learn(self, tree: SampleTree) -> dict:
+        """Advantages, (old / reference log-probs when needed) and the update, for one sampled tree."""
+        args, names = self.args, self.team.names
+        advantages = self.advantages(tree)
+        temp = args.temperature if args.scale_logits_by_temperature else 1.0
+        need_old = args.loss_type == "clipped" or args.beta != 0
+        pairs = []
+        with torch.no_grad():
+            for t, turn in enumerate(tree.turns):
+                for i, a in enumerate(names):
+                    at = turn[a]
+                    at.advantages = advantages[t][:, i]
+                    at.sample_mask = tree.credit_mask[t][:, i] if tree.credit_mask is not None else None
+                    if need_old:
+                        at.old_logprobs = self._logprobs(a, at, temp, reference=False)
+                    at.ref_logprobs = self._logprobs(a, at, temp, reference=True) if args.beta != 0 else None
+                pairs.append(torch.stack([torch.arange(len(turn[names[0]].episode_ids)), torch.full((len(turn[names[0]].episode_ids),), t)], -1))
+        self.model.train()
+        logs = self.run_updates(tree.turns, torch.cat(pairs), args.num_iterations, args.update_schedule == "per_agent_turn")
+        metrics = {key: float(torch.tensor(vals).mean()) for key, vals in logs.items()}
+        metrics.update(self._rollout_metrics(tree))
+        return metrics
+
+    def _logprobs(self, a: str, at: AgentTurn, temp: float, reference: bool) -> torch.Tensor:
+        g = at.gen
+        size = self.args.local_rollout_forward_batch_size
+        chunks = [
+            self.team.logprobs(a, g.query_ids[s:s + size], g.query_mask[s:s + size], g.response_ids[s:s + size],
+                               g.response_mask[s:s + size], temp, reference=reference)[0]
+            for s in range(0, len(g.query_ids), size)
+        ]
+        width = max(c.shape[1] for c in chunks)
+        return torch.cat([torch.nn.functional.pad(c, (0, width - c.shape[1])) for c in chunks])
+
+    def _policy_loss(self, a: str, at: AgentTurn, rows: torch.Tensor, logs) -> torch.Tensor:
+        args = self.args
+        g = at.gen
+        temp = args.temperature if args.scale_logits_by_temperature else 1.0
+        mask = g.response_mask[rows]
+        if at.sample_mask is not None:  # cross mode: samples that took part in no joint action carry no signal
+            mask = mask & at.sample_mask[rows].to(mask.device).unsqueeze(-1)
+        new, ent = self.team.logprobs(a, g.query_ids[rows], g.query_mask[rows], g.response_ids[rows], mask, temp, with_entropy=True)
+        adv = at.advantages[rows].to(new.device)
+        if args.loss_type == "reinforce":
+            loss = alg.policy_loss_reinforce(new, adv, mask)
+            clipfrac = torch.tensor(0.0)
+        else:
+            loss, st = alg.policy_loss_clipped(new, at.old_logprobs[rows], adv, mask, args.epsilon)
+            clipfrac = st["clipfrac"]
+        if args.beta != 0:
+            kl = alg.masked_mean(alg.kl_per_token(new, at.ref_logprobs[rows], args.kl_estimator), mask)
+            loss = loss + args.beta * kl
+            logs["objective/kl"].append(float(kl.detach()))
+        for key, val in (("loss/policy_avg", loss), ("policy/entropy_avg", alg.masked_mean(ent, mask)), ("policy/clipfrac_avg", clipfrac)):
+            logs[key].append(float(val.detach()))
+            logs[f"{a}/{key}"].append(float(val.detach()))
+        return loss
+
+    def _rollout_metrics(self, tree: SampleTree) -> dict:
+        names = self.team.names
+        first = tree.rewards[0]
+        root_returns = self._returns[0]
+        out = {
+            # mean over the prompts' first-turn samples of the (tree) return: the team's expected return
+            "objective/scores": float(root_returns.mean()),
+            "objective/turns": float(len(tree.turns)),
+            "mc/nodes": float(sum(len(r) for r in tree.rewards)),
+            "val/num_eos_tokens": float(sum(turn[a].gen.ended.float().sum() for turn in tree.turns for a in names)),
+        }
+        for t, rew in enumerate(tree.rewards):
+            out[f"turn_{t + 1}/reward_mean"] = float(rew.mean())
+            out[f"turn_{t + 1}/return_mean"] = float(self._returns[t].mean())
+        for i, a in enumerate(names):
+            out[f"{a}/objective/scores"] = float(root_returns[:, i].mean())
+            out[f"{a}/reward_mean"] = float(first[:, i].mean())
+            out[f"{a}/response_length"] = float(tree.turns[0][a].gen.response_mask.float().sum(-1).mean())
+        comps = getattr(self.env, "last_reward_components", None) or {}
+        for name, value in comps.items():
+            out[f"rewards/{name}"] = float(value.float().mean())
+        return out
