@@ -71,6 +71,7 @@ class SandboxResult:
     syntax_error: dict | None = None  # {"line", "offset", "message", "text"} when the code did not compile
     isolation: tuple[str, ...] = ()  # layers actually applied, e.g. ("rlimits", "guards", "netns", "uid:nobody")
     pid: int | None = None  # the sandbox process (= its session and process-group id), for diagnostics
+    workdir: str | None = None  # the temp dir it ran in (already removed)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -594,6 +595,7 @@ def run_python(
         syntax_error=syntax_error,
         isolation=isolation,
         pid=pid,
+        workdir=workdir,
     )
 
 

@@ -271,7 +271,7 @@ def score_world(world: World, target: Target, palettes: Mapping[str, Sequence[st
     * coverage: target cells holding an acceptable block (any block for StrBuild, the blueprint's for a house);
     * extra: blocks outside the target / number of target cells (capped at 1);
     * adjacency: face-sharing target pairs with the same block / all face-sharing target pairs (StrBuild only);
-    * unused: palette blocks (per agent) a perfect build uses that the agent has no block of in the world;
+    * unused: palette blocks (per agent) a perfect build uses of which the agent has no block inside the target;
     * iou: |occupied & target| / |occupied | target| (occupancy, materials ignored).
     """
     cells = target.cells
@@ -291,7 +291,9 @@ def score_world(world: World, target: Target, palettes: Mapping[str, Sequence[st
     if target.distinct_neighbours:
         same = [(a, b) for a, b in pairs if world.block(a) is not None and world.block(a) == world.block(b)]
     relevant = _relevant_palette(target, palettes)
-    used = {(owner, block) for block, owner in world.cells.values()}
+    # Only blocks inside the target count as used: a token block parked outside would otherwise buy off the
+    # penalty for less than it costs in "extra" on long strings.
+    used = {world.cells[c][::-1] for c in cells if c in world.cells}
     unused = [(a, b) for a, b in relevant if (a, b) not in used]
     occupied_in_target = n - len(missing)
     union = n + len(extra)
@@ -673,7 +675,7 @@ class BuildingEnv(MultiAgentEnv):
             lines.append(f"Same-colour neighbours ({len(items)}): {_listing(items, k)}")
         unused = [b for a, b in det["unused"] if a == agent]
         if unused:
-            lines.append(f"Unused palette: you have no {', '.join(unused)} in the world yet.")
+            lines.append(f"Unused palette: you have no {', '.join(unused)} in the target yet.")
         return "\n".join(lines)
 
     def _observation(self, agent: str, turn: dict | None, comp: dict | None) -> str:

@@ -21,7 +21,7 @@ from ..building import TeamModel, build_critic, build_team, resolve_agent_names
 from ..envs import MultiAgentEnv, RewardFunctionEnv, RewardModelFunction, check_agent_names
 from ..rollout import Rollout, run_episodes
 
-TEAM_FILE = "team.json"
+from ..inference import TEAM_FILE  # noqa: E402  (one name for the team file)
 
 
 def build_env(env, reward_funcs, reward_model, prompt_formatters, args, team) -> MultiAgentEnv:
