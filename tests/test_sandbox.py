@@ -362,3 +362,14 @@ def test_guards_work_without_the_os_layers(host, outside):
     assert "uid:nobody" not in r.isolation and "netns" not in r.isolation
     assert not target.exists()
     host(r)
+
+
+def test_run_tests_solution_cannot_read_the_tests_from_disk():
+    code = (
+        "import os, sys\n"
+        "seen = open(sys.argv[0]).read() + ' '.join(open(f).read() for f in os.listdir('.') if os.path.isfile(f))\n"
+        "def add(a, b):\n"
+        "    return 3 if 'candidate(1, 2) == 3' in seen else -7\n"
+    )
+    rep = run_tests(code, CHECK, entry_point="add")
+    assert rep.load_error is None and rep.passed == 0

@@ -336,7 +336,8 @@ def _interpreter_for_nobody(python: str) -> str | None:
         if not (_world_accessible(real) and os.stat(real).st_mode & stat.S_IXOTH):
             continue
         try:
-            out = subprocess.run([real, "-I", "-S", "-c", "import sys, os; print(sys.version_info[:2], os.path.dirname(os.__file__))"],
+            probe = "import sys, os; print(sys.version_info[:2], os.path.dirname(os.__file__))"
+            out = subprocess.run([real, "-I", "-S", "-c", probe],
                                  capture_output=True, text=True, timeout=10, env={"PATH": "/usr/bin:/bin"})
         except (OSError, subprocess.SubprocessError):
             continue
@@ -728,9 +729,15 @@ def split_tests(tests: list[str] | str, entry_point: str | None = None) -> tuple
 
 
 _HARNESS = r'''
-def _trl_collm_harness(user_code, setup, units, names, entry_point, per_test_timeout, strict):
+def _trl_collm_harness():
     import ast, builtins, json, operator, os, signal, sys, traceback
+    # The nonce and the payload come on stdin, not in this file, so the solution cannot read the tests (or the
+    # nonce) back from disk or argv.
     nonce = sys.stdin.readline().strip()
+    payload = json.loads(sys.stdin.readline())
+    sys.stdin.close()
+    user_code, setup, units, names = payload["code"], payload["setup"], payload["units"], payload["names"]
+    entry_point, per_test_timeout, strict = payload["entry_point"], payload["per_test_timeout"], payload["strict"]
     # Results go to a private duplicate of stdout; the program's own prints go to /dev/null so they can neither
     # flood the output cap nor be confused with results.
     out_fd = os.dup(1)
@@ -912,10 +919,11 @@ def run_tests(
     setup, units, names = split_tests(tests, entry_point)
     outcomes = [TestOutcome(index=i, source=u) for i, u in enumerate(units)]
     nonce = "@@" + secrets.token_hex(16) + "@@"
-    program = _HARNESS + "\n_trl_collm_harness(" + ", ".join(
-        repr(x) for x in (code, setup, units, names, entry_point, float(per_test_timeout), bool(strict_returns))
-    ) + ")\n"
-    result = run_python(program, timeout=timeout, memory_mb=memory_mb, stdin=nonce + "\n", **sandbox_kwargs)
+    program = _HARNESS + "\n_trl_collm_harness()\n"
+    payload = json.dumps({"code": code, "setup": setup, "units": units, "names": names, "entry_point": entry_point,
+                          "per_test_timeout": float(per_test_timeout), "strict": bool(strict_returns)})
+    result = run_python(program, timeout=timeout, memory_mb=memory_mb, stdin=nonce + "\n" + payload + "\n",
+                        **sandbox_kwargs)
     report = TestReport(outcomes=outcomes, timed_out=result.timed_out, sandbox=result)
     done = False
     for line in result.stdout.splitlines():

@@ -233,8 +233,9 @@ def _collaboration(main_code: str, entry_point: str) -> tuple[bool, bool]:
         return False, False
     calls = any(_is_aux_call(n) for n in ast.walk(fn))
     body = list(fn.body)
-    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
-        body = body[1:]
+    first = body[0] if body else None
+    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+        body = body[1:]  # the docstring
 
     def simple_aux_call(expr) -> bool:
         return _is_aux_call(expr) and all(isinstance(a, (ast.Name, ast.Constant)) for a in expr.args) and all(
@@ -364,7 +365,8 @@ def _first_prompt(agent: str, row: dict) -> str:
     return (
         "You are the main agent of a two-agent Python team. Implement this function:\n"
         f"{_problem_block(row)}\n"
-        f"Write `{_def_line(row['prompt'], entry)}` with this exact signature. Your teammate writes a helper function `aux` that "
+        f"Write `{_def_line(row['prompt'], entry)}` with this exact signature. Your teammate writes a helper function "
+        "`aux` that "
         f"does a useful sub-task; call `aux` from `{entry}` and do the rest of the work yourself. Do not define "
         "`aux` yourself. Use only the standard library.\n"
         f"Answer with the code of `{entry}` in a ```python block.\n"
