@@ -152,7 +152,9 @@ def build_critic(team: AgentTeam, value_model, args, peft_config, critic_process
 
     names = team.names
     n = len(names)
-    placement = args.critic_placement or ("shared_base_adapter" if team.layout == "shared_base" else "separate")
+    # A given value model decides the placement (TRL's PPO script passes one even with PEFT); else a LoRA team's
+    # critic is one more adapter on the shared base.
+    placement = args.critic_placement or ("shared_base_adapter" if team.layout == "shared_base" and value_model is None else "separate")
     if placement == "shared_base_adapter" and team.layout != "shared_base":
         raise ValueError("`critic_placement='shared_base_adapter'` needs a shared-base LoRA team (one model + `peft_config`).")
     k = critic_outputs(args, n)

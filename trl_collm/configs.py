@@ -261,7 +261,8 @@ class MultiAgentPPOConfig(TeamConfig):
     critic_placement: str | None = field(
         default=None,
         metadata={"help": "'separate' (a value model), 'actor_head' (a value head on an actor's backbone) or 'shared_base_adapter' "
-                  "(LoRA adapter + head on the shared base). Default: 'shared_base_adapter' for a shared-base team, else 'separate'."},
+                  "(LoRA adapter + head on the shared base). Default: 'separate' when a value_model is given, 'shared_base_adapter' for a "
+                  "shared-base team, else 'separate'."},
     )
     centralized_value: str = field(
         default="per_agent_heads",

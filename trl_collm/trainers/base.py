@@ -320,6 +320,8 @@ class TeamTrainerBase(_BaseTrainer):
             metrics["eps"] = int(self.state.episode / max(time.time() - start, 1e-9))
             metrics["episode"] = self.state.episode
             metrics["lr"] = self.lr_scheduler.get_last_lr()[0] if self.lr_scheduler is not None else args.learning_rate
+            if self._single_agent():
+                metrics = _fold_single_agent_metrics(metrics, self.team.names[0])
             loss_sum += float(metrics.get("loss/policy_avg", 0.0))
             self._metrics_history.append(dict(metrics))
             self.control = self.callback_handler.on_step_end(args, self.state, self.control)
@@ -468,3 +470,13 @@ def _rows_of(episode_ids: torch.Tensor, wanted: torch.Tensor) -> torch.Tensor:
 def _split(x: torch.Tensor, parts: int) -> list[torch.Tensor]:
     parts = max(1, min(parts, len(x)))
     return [c for c in torch.tensor_split(x, parts) if len(c)]
+
+
+def _fold_single_agent_metrics(metrics: dict, name: str) -> dict:
+    """With one agent, `<name>/x` repeats the team key `x`: drop the copies, keep agent-only keys under their own name."""
+    prefix = f"{name}/"
+    out = {k: v for k, v in metrics.items() if not k.startswith(prefix)}
+    for k, v in metrics.items():
+        if k.startswith(prefix) and k[len(prefix):] not in out:
+            out[k[len(prefix):]] = v
+    return out
