@@ -5,6 +5,7 @@ checkpoints, saving and the Hub push. The PPO and MC trainers only say how advan
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import time
@@ -12,16 +13,20 @@ from collections import defaultdict
 
 import torch
 from torch.utils.data import DataLoader
-from transformers import TrainerState
+from transformers import TrainerState, set_seed
 from transformers.trainer_utils import TrainOutput
 from trl.trainer.base_trainer import _BaseTrainer
 from trl.trainer.utils import disable_dropout_in_model
 
 from ..building import TeamModel, build_critic, build_team, resolve_agent_names
 from ..envs import MultiAgentEnv, RewardFunctionEnv, RewardModelFunction, check_agent_names
+from ..inference import TEAM_FILE
 from ..rollout import Rollout, run_episodes
+from . import distributed
+from . import checkpoints
 
-from ..inference import TEAM_FILE  # noqa: E402  (one name for the team file)
+logger = logging.getLogger(__name__)
+
 
 
 def build_env(env, reward_funcs, reward_model, prompt_formatters, args, team) -> MultiAgentEnv:
@@ -75,8 +80,12 @@ class TeamTrainerBase(_BaseTrainer):
             raise ValueError("`model` is required: a model, a path, a list, or a dict name -> model.")
         if train_dataset is None or len(train_dataset) == 0:
             raise ValueError("`train_dataset` is empty; pass a dataset with at least one row per rollout batch.")
+        # Seed before building anything: fresh heads (value heads, a new `score` layer) must initialise the same way
+        # in every run, or a resumed or repeated run cannot match (transformers.Trainer seeds only later).
+        set_seed(args.seed)
         names = resolve_agent_names(model, args)
         args.resolve_for_team(len(names))
+        distributed.prepare_args_for_deepspeed(args)  # before the accelerator exists (CPU backend, use_cpu, clipping)
         team = build_team(model, processing_class, ref_model, peft_config, args, names)
         critic = build_critic(team, value_model, args, peft_config, critic_processing_class) if self.needs_critic else None
         if getattr(args, "advantage_level", None) == "token" and critic is not None:
@@ -220,7 +229,25 @@ class TeamTrainerBase(_BaseTrainer):
         changes between parts, and activation checkpointing must recompute with the adapter that was active.
         """
         micro = max(1, self.args.per_device_train_batch_size)
+        if self.is_deepspeed_enabled:
+            # One engine.step() per minibatch: every backward below only accumulates (distributed.engine_backward);
+            # DeepSpeed reduces the gradients across ranks and clips the global norm (max_grad_norm) in step().
+            with distributed.engine_backward(self) as engine:
+                self._accumulate(turns, pairs, agents, logs, extra_backward, micro)
+                engine.step()
+            if self.lr_scheduler is not None:
+                self.lr_scheduler.step()
+            return
         self.optimizer.zero_grad(set_to_none=True)
+        self._accumulate(turns, pairs, agents, logs, extra_backward, micro)
+        critic_keys = sorted({self.critic.key_for(a) for a in agents}) if self.critic is not None else []
+        self._clip_gradients(agents, critic_keys)
+        self.optimizer.step()
+        if self.lr_scheduler is not None:
+            self.lr_scheduler.step()
+
+    def _accumulate(self, turns, pairs: torch.Tensor, agents: list[str], logs, extra_backward, micro: int):
+        """The backward passes of one `_step` (gradients accumulate; no optimizer step here)."""
         for mpairs in pairs.split(micro):
             weight = len(mpairs) / len(pairs)  # micro losses are means; weight them to the minibatch mean
             for a in agents:
@@ -232,11 +259,6 @@ class TeamTrainerBase(_BaseTrainer):
                         self.accelerator.backward(loss * weight * len(rows) / len(mpairs))
             if extra_backward is not None:
                 extra_backward(mpairs, agents, weight, logs)
-        critic_keys = sorted({self.critic.key_for(a) for a in agents}) if self.critic is not None else []
-        self._clip_gradients(agents, critic_keys)
-        self.optimizer.step()
-        if self.lr_scheduler is not None:
-            self.lr_scheduler.step()
 
     def _policy_loss(self, agent: str, agent_turn, rows: torch.Tensor, logs) -> torch.Tensor:
         raise NotImplementedError
@@ -283,13 +305,14 @@ class TeamTrainerBase(_BaseTrainer):
 
     # ------------------------------------------------------------------ the loop
     def train(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None, **kwargs):
-        if resume_from_checkpoint:
-            raise NotImplementedError("Resuming is not supported yet (tracked in the TRL-ecosystem issue).")
         args = self.args
+        checkpoint = checkpoints.resolve(resume_from_checkpoint, args.output_dir)
         self._batch_sizes()
         loader = self._rollout_loader()
         steps_per_iteration = self.optimizer_steps_per_iteration()
         self.create_optimizer_and_scheduler(num_training_steps=args.num_total_batches * steps_per_iteration)
+        if self.is_deepspeed_enabled and self.model_wrapped is self.model:
+            distributed.prepare_model_and_optimizer(self)  # TeamModel + optimizer -> one DeepSpeed engine
         self.state = TrainerState(
             is_local_process_zero=self.is_local_process_zero(), is_world_process_zero=self.is_world_process_zero(),
         )
@@ -306,9 +329,18 @@ class TeamTrainerBase(_BaseTrainer):
                 yield from loader
 
         iterator = batches()
+        if checkpoint is not None:
+            saved = checkpoints.load_checkpoint(self, checkpoint)
+            for _ in range(saved["global_step"]):  # the data position: the same shuffled order, fast-forwarded
+                next(iterator)
+            checkpoints._set_rng_state(saved["rng"])  # after skipping, so sampling continues exactly
+            self.state.global_step, self.state.episode = saved["global_step"], saved["episode"]
+            self.state.log_history = saved["log_history"]
+            self._metrics_history = list(saved["metrics_history"])
+            logger.info("resumed from %s at iteration %d", checkpoint, saved["global_step"])
         start = time.time()
         loss_sum = 0.0
-        for update in range(1, args.num_total_batches + 1):
+        for update in range(self.state.global_step + 1, args.num_total_batches + 1):
             self.control = self.callback_handler.on_step_begin(args, self.state, self.control)
             rows = next(iterator)
             t0 = time.time()
@@ -328,7 +360,7 @@ class TeamTrainerBase(_BaseTrainer):
             if self.state.global_step % self.state.logging_steps == 0 or update == args.num_total_batches:
                 self.log(metrics)
             if args.save_strategy == "steps" and self.state.global_step % self.state.save_steps == 0:
-                self.save_model(os.path.join(args.output_dir, f"checkpoint-{self.state.global_step}"))
+                checkpoints.save_checkpoint(self, args.output_dir)
             if sample_every and update % sample_every == 0 and self.eval_dataset is not None:
                 self.generate_completions(sampling=True)
             if self.control.should_training_stop:
@@ -434,28 +466,33 @@ class TeamTrainerBase(_BaseTrainer):
         from safetensors.torch import save_file
 
         output_dir = output_dir or self.args.output_dir
+        # ZeRO-3: parameters are partitioned; gather a full state dict (collective, every rank) and write from it.
+        full = distributed.full_state_dict(self)
         self.accelerator.wait_for_everyone()
         if not self.is_world_process_zero():
             return
+        part = lambda prefix: distributed.sub_state_dict(full, prefix)  # noqa: E731  (None: use the live modules)
         os.makedirs(output_dir, exist_ok=True)
         team = self.team
         for a in team.names:
             folder = output_dir if self._single_agent() else os.path.join(output_dir, a)
-            team.save_agent(a, folder)
+            if full is not None and team.layout == "shared_base":
+                distributed.save_shared_adapter(team.shared_base, a, folder, part("team.shared_base."))
+                team.tokenizers[a].save_pretrained(folder)
+            else:
+                team.save_agent(a, folder, state_dict=part(f"team.policies.{a}."))
         if self.critic is not None:
             for key, unit in self.critic.units.items():
                 folder = os.path.join(output_dir, self._critic_folder(key))
                 os.makedirs(folder, exist_ok=True)
                 if unit.placement == "separate":
-                    unit.value_model.save_pretrained(folder)
+                    unit.value_model.save_pretrained(folder, state_dict=part(f"critic.units.{key}.value_model."))
                 else:
-                    save_file({k: v.detach().cpu().contiguous() for k, v in unit.head.state_dict().items()},
+                    head = part(f"critic.units.{key}.head.") or unit.head.state_dict()
+                    save_file({k: v.detach().cpu().contiguous() for k, v in head.items()},
                               os.path.join(folder, "value_head.safetensors"))
                     if unit.placement == "shared_base_adapter":
-                        from ..team import _flatten_adapter_folder
-
-                        team.shared_base.save_pretrained(folder, selected_adapters=[unit.adapter])
-                        _flatten_adapter_folder(folder, unit.adapter)
+                        distributed.save_shared_adapter(team.shared_base, unit.adapter, folder, part("team.shared_base."))
                 unit.tokenizer.save_pretrained(folder)
         with open(os.path.join(output_dir, TEAM_FILE), "w") as f:
             json.dump(self.team_description(), f, indent=2)

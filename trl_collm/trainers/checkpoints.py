@@ -1,0 +1,142 @@
+"""Checkpoints that survive a kill: written to a temporary folder, completed with a marker file, then renamed.
+
+A checkpoint `output_dir/checkpoint-<step>/` holds the saved team (loadable like any `save_model()` output) and
+`resume_state.pt`: every trainable parameter, the optimizer, the scheduler, the RNG states, the metrics so far and
+the trainer's counters, so `train(resume_from_checkpoint=...)` continues exactly where the run stopped. A kill
+during a save leaves only a `*.tmp` folder behind; the previous checkpoint stays complete and is the one resumed.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import shutil
+
+import numpy as np
+import torch
+
+MARKER = "CHECKPOINT_COMPLETE"
+STATE_FILE = "resume_state.pt"
+_NAME = re.compile(r"^checkpoint-(\d+)$")
+
+
+def _rng_state() -> dict:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def trainable_state(model: torch.nn.Module) -> dict:
+    return {name: p.detach().cpu().clone() for name, p in model.named_parameters() if p.requires_grad}
+
+
+def save_checkpoint(trainer, output_dir: str) -> str:
+    """Write checkpoint-<global_step> atomically; returns its path."""
+    step = trainer.state.global_step
+    final = os.path.join(output_dir, f"checkpoint-{step}")
+    tmp = f"{final}.tmp"
+    if trainer.is_world_process_zero():
+        shutil.rmtree(tmp, ignore_errors=True)
+    trainer.save_model(tmp)  # the team, loadable on its own (all ranks join: DeepSpeed gathers weights here)
+    if not trainer.is_world_process_zero():
+        return final
+    extra = {}
+    if getattr(trainer, "value_rms", None) is not None:
+        extra["value_rms"] = trainer.value_rms.state_dict()
+    if getattr(trainer, "_generator", None) is not None:
+        extra["generator"] = trainer._generator.get_state()
+    torch.save(
+        {
+            "params": trainable_state(trainer.model),
+            "optimizer": trainer.optimizer.state_dict(),
+            "scheduler": trainer.lr_scheduler.state_dict() if trainer.lr_scheduler is not None else None,
+            "rng": _rng_state(),
+            "global_step": step,
+            "episode": trainer.state.episode,
+            "metrics_history": trainer._metrics_history,
+            "log_history": trainer.state.log_history,
+            "extra": extra,
+        },
+        os.path.join(tmp, STATE_FILE),
+    )
+    trainer.state.save_to_json(os.path.join(tmp, "trainer_state.json"))
+    with open(os.path.join(tmp, MARKER), "w") as f:
+        f.write(str(step))
+    # Swap in the finished folder; an older folder of the same step (a rerun) is moved aside first.
+    if os.path.exists(final):
+        old = f"{final}.old"
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, final)
+    _rotate(output_dir, trainer.args.save_total_limit)
+    return final
+
+
+def complete_checkpoints(output_dir: str) -> list[str]:
+    """Finished checkpoints, oldest first (folders without the marker are ignored)."""
+    if not os.path.isdir(output_dir):
+        return []
+    found = []
+    for name in os.listdir(output_dir):
+        m = _NAME.match(name)
+        path = os.path.join(output_dir, name)
+        if m and os.path.isfile(os.path.join(path, MARKER)):
+            found.append((int(m.group(1)), path))
+    return [p for _, p in sorted(found)]
+
+
+def _rotate(output_dir: str, limit: int | None) -> None:
+    if not limit or limit < 1:
+        return
+    for path in complete_checkpoints(output_dir)[:-limit]:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def resolve(resume_from_checkpoint, output_dir: str) -> str | None:
+    if not resume_from_checkpoint:
+        return None
+    if resume_from_checkpoint is True:
+        found = complete_checkpoints(output_dir)
+        if not found:
+            raise ValueError(f"`resume_from_checkpoint=True` but {output_dir!r} holds no complete checkpoint-* folder.")
+        return found[-1]
+    path = str(resume_from_checkpoint)
+    if not os.path.isfile(os.path.join(path, MARKER)):
+        raise ValueError(f"`resume_from_checkpoint`={path!r} is not a complete checkpoint (no {MARKER} file); pass another "
+                         "checkpoint-* folder or True for the latest complete one.")
+    return path
+
+
+def load_checkpoint(trainer, path: str) -> dict:
+    """Restore parameters, optimizer, scheduler, RNG and counters; returns the saved state."""
+    state = torch.load(os.path.join(path, STATE_FILE), map_location="cpu", weights_only=False)
+    params = dict(trainer.model.named_parameters())
+    missing = [n for n in state["params"] if n not in params]
+    if missing:
+        raise ValueError(f"checkpoint {path!r} does not match this team: unknown parameters {missing[:3]}...")
+    with torch.no_grad():
+        for name, value in state["params"].items():
+            params[name].copy_(value.to(params[name].device, params[name].dtype))
+    trainer.optimizer.load_state_dict(state["optimizer"])
+    if state["scheduler"] is not None and trainer.lr_scheduler is not None:
+        trainer.lr_scheduler.load_state_dict(state["scheduler"])
+    extra = state.get("extra", {})
+    if "value_rms" in extra and getattr(trainer, "value_rms", None) is not None:
+        trainer.value_rms.load_state_dict(extra["value_rms"])
+    if "generator" in extra and getattr(trainer, "_generator", None) is not None:
+        trainer._generator.set_state(extra["generator"])
+    _set_rng_state(state["rng"])
+    return state
