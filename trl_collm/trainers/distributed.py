@@ -1,0 +1,166 @@
+"""DeepSpeed (ZeRO-2 / ZeRO-3) helpers for the team trainers.
+
+The trainers make one optimizer step per minibatch out of several backward passes (one per agent x turn x
+micro-batch, plus the critic's). accelerate's `backward` under DeepSpeed steps the engine at every call, so the
+trainers run the engine in DeepSpeed's *unmanaged* gradient-accumulation mode (`managed_gradient_accumulation: false`):
+`engine.backward(loss)` only accumulates (ZeRO-2/3 reduce and partition per backward), and `engine.step()` is the one
+boundary that finalises the gradients, clips them globally (`gradient_clipping`) and updates.
+
+Everything here is a no-op outside DeepSpeed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import torch
+
+
+def deepspeed_launch_requested() -> bool:
+    """`accelerate launch` with a DeepSpeed config exports ACCELERATE_USE_DEEPSPEED=true to the workers."""
+    return os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
+
+
+def prepare_args_for_deepspeed(args) -> None:
+    """Checks and CPU fix-ups, before the accelerator is created (trainer `__init__`, before `super().__init__`).
+
+    - `use_cpu=True` (or ACCELERATE_USE_CPU) makes transformers build `Accelerator(cpu=True)`, which silently drops the
+      DeepSpeed plugin: refuse it.
+    - On a machine without CUDA, accelerate picks no process-group backend for DeepSpeed and then believes it runs
+      one process (every rank is rank 0). `ddp_backend="gloo"` fixes it; DeepSpeed itself selects its CPU accelerator.
+    - Per-module gradient clipping cannot be expressed to DeepSpeed, which clips the global norm in `engine.step()`.
+    """
+    if not deepspeed_launch_requested():
+        return
+    if args.use_cpu or os.environ.get("ACCELERATE_USE_CPU", "false").lower() in ("1", "true", "yes"):
+        raise ValueError(
+            "DeepSpeed was requested (accelerate launch with a DeepSpeed config) but `use_cpu=True` (or ACCELERATE_USE_CPU) "
+            "is set: accelerate then drops the DeepSpeed plugin and trains without it. Remove `use_cpu`; on a machine without "
+            "a GPU DeepSpeed selects its CPU accelerator by itself."
+        )
+    if getattr(args, "grad_clip_scope", "global") == "per_module" and args.max_grad_norm and args.max_grad_norm > 0:
+        raise ValueError(
+            "`grad_clip_scope='per_module'` is not supported under DeepSpeed: DeepSpeed clips the global gradient norm "
+            "inside `engine.step()` (`gradient_clipping=max_grad_norm`). Set grad_clip_scope='global' (or max_grad_norm=0)."
+        )
+    if not torch.cuda.is_available() and args.ddp_backend is None:
+        args.ddp_backend = "gloo"
+        if "_setup_devices" in args.__dict__:
+            # TrainingArguments set up its distributed state in __post_init__, without a backend: redo it with gloo
+            # (the process group DeepSpeed already initialised is reused; only accelerate's view of it changes).
+            del args.__dict__["_setup_devices"]
+            _ = args.device
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        if args.distributed_state is not None and args.distributed_state.num_processes != world:
+            raise ValueError(
+                f"DeepSpeed on CPU: accelerate sees {args.distributed_state.num_processes} process(es) out of WORLD_SIZE={world}; "
+                "pass `ddp_backend='gloo'` in the training config."
+            )
+
+
+def zero_stage(trainer) -> int:
+    if not getattr(trainer, "is_deepspeed_enabled", False):
+        return -1
+    return int(trainer.accelerator.state.deepspeed_plugin.deepspeed_config.get("zero_optimization", {}).get("stage", 0))
+
+
+def configure_deepspeed(trainer) -> None:
+    """Fill the DeepSpeed config from the trainer's arguments, right before `accelerator.prepare(model, optimizer)`.
+
+    One `engine.step()` per trainer optimizer step: DeepSpeed's own accumulation is off (gradient_accumulation_steps=1,
+    unmanaged mode); `train_batch_size` = micro batch x world size so DeepSpeed's batch check holds.
+    """
+    args = trainer.args
+    plugin = trainer.accelerator.state.deepspeed_plugin
+    cfg = plugin.deepspeed_config
+    for block in ("optimizer", "scheduler"):
+        if block in cfg:
+            raise ValueError(
+                f"The DeepSpeed config has an `{block}` block; the team trainers build their own optimizer (one parameter "
+                f"group per agent / critic) and scheduler. Remove `{block}` from the DeepSpeed config."
+            )
+    micro = max(1, int(args.per_device_train_batch_size))
+    cfg["train_micro_batch_size_per_gpu"] = micro
+    cfg["gradient_accumulation_steps"] = 1
+    cfg["train_batch_size"] = micro * trainer.accelerator.num_processes
+    cfg["managed_gradient_accumulation"] = False
+    cfg["gradient_clipping"] = float(args.max_grad_norm) if args.max_grad_norm and args.max_grad_norm > 0 else 0.0
+    cfg.setdefault("steps_per_print", float("inf"))
+    zero = cfg.setdefault("zero_optimization", {})
+    # Unmanaged accumulation supports overlap_comm only with partitioned gradients (stage 2/3).
+    if int(zero.get("stage", 0)) < 2:
+        zero["overlap_comm"] = False
+    if args.bf16:
+        cfg["bf16"] = {"enabled": True}
+    elif args.fp16:
+        cfg["fp16"] = {"enabled": True}
+    for key in ("bf16", "fp16"):
+        if isinstance(cfg.get(key), dict) and cfg[key].get("enabled") == "auto":
+            cfg[key]["enabled"] = False
+
+
+def prepare_model_and_optimizer(trainer) -> None:
+    """`accelerator.prepare` the TeamModel and its optimizer into a DeepSpeed engine (the scheduler stays ours: it
+    drives the same parameter-group dicts that the ZeRO optimizer steps, and `_step` steps it once per update)."""
+    configure_deepspeed(trainer)
+    engine, optimizer = trainer.accelerator.prepare(trainer.model, trainer.optimizer)
+    trainer.model_wrapped = engine
+    trainer.deepspeed = engine
+    trainer.optimizer = optimizer
+    if zero_stage(trainer) == 3:
+        _shard_frozen_models(trainer)
+
+
+def _shard_frozen_models(trainer) -> None:
+    """ZeRO-3: frozen reference policies become inference engines (sharded, gathered per layer by DeepSpeed's hooks),
+    as TRL does with `prepare_deepspeed`. They are built from full weights (the shipped zero3 config keeps
+    zero3_init_flag off), so they are never deep copies of partitioned parameters."""
+    from trl.models.utils import prepare_deepspeed
+
+    refs = trainer.team._refs
+    for name, ref in list(refs.items()):
+        if ref is not None:
+            refs[name] = prepare_deepspeed(ref, trainer.accelerator)
+
+
+@contextlib.contextmanager
+def engine_backward(trainer):
+    """Inside a DeepSpeed `_step`: `accelerator.backward(loss)` (also used by the PPO critic) only accumulates into the
+    engine (no `engine.step()`); the caller steps once at the end."""
+    engine = trainer.model_wrapped
+    accelerator = trainer.accelerator
+
+    def backward(loss, **kwargs):
+        engine.backward(loss, **kwargs)
+
+    accelerator.backward = backward  # instance attribute shadows the method for the duration of the step
+    try:
+        yield engine
+    finally:
+        del accelerator.backward
+
+
+def full_state_dict(trainer) -> dict | None:
+    """ZeRO-3: the consolidated full state dict of the TeamModel (collective: every rank must call it; only rank 0
+    gets the tensors). None when parameters are not partitioned (ZeRO-2 or no DeepSpeed: rank 0 holds full weights)."""
+    if zero_stage(trainer) != 3:
+        return None
+    engine = trainer.model_wrapped
+    # The gather works whatever `stage3_gather_16bit_weights_on_model_save` says; the tensors keep the engine's dtype.
+    return engine._zero3_consolidated_16bit_state_dict()
+
+
+def sub_state_dict(full: dict | None, prefix: str) -> dict | None:
+    if full is None:
+        return None
+    return {k[len(prefix):]: v for k, v in full.items() if k.startswith(prefix)}
+
+
+def save_shared_adapter(peft_model, adapter: str, folder: str, state_dict: dict | None) -> None:
+    """One adapter of the shared base, flattened into `folder` (PEFT nests non-default adapters)."""
+    from ..team import _flatten_adapter_folder
+
+    kwargs = {} if state_dict is None else {"state_dict": state_dict}
+    peft_model.save_pretrained(folder, selected_adapters=[adapter], **kwargs)
+    _flatten_adapter_folder(folder, adapter)
