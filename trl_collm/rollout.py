@@ -53,6 +53,25 @@ class Rollout:
         return [list(x) for x in zip(*per_agent)]
 
 
+def _prompts_for(team, observations, episode_ids, histories, agent_context, t):
+    """Each agent's prompt for the given episodes: its observation, or (agent_context="history") its own past
+    observations and completions followed by the new observation. histories[e] = (observations, completions) per agent."""
+    names = team.names
+    prompts = {a: [] for a in names}
+    contexts = {a: [] for a in names}
+    for e in episode_ids:
+        for i, a in enumerate(names):
+            obs = observations[e][i]
+            text = team.decode_observation(a, obs)
+            histories[e][0][i].append(text)
+            if agent_context == "history" and t > 0:
+                text = history_context(histories[e][0][i], histories[e][1][i])
+                obs = text
+            prompts[a].append(obs)
+            contexts[a].append(text)
+    return prompts, contexts
+
+
 def run_episodes(
     team: AgentTeam,
     env: MultiAgentEnv,
@@ -72,32 +91,20 @@ def run_episodes(
     rewards = torch.zeros(E, num_turns, n)
     turn_mask = torch.zeros(E, num_turns, dtype=torch.bool)
     active = list(range(E))
-    past_obs = [[[] for _ in names] for _ in range(E)]  # texts, for agent_context="history"
-    past_act = [[[] for _ in names] for _ in range(E)]
+    histories = {e: ([[] for _ in names], [[] for _ in names]) for e in range(E)}  # texts, for agent_context="history"
     turns: list[dict[str, AgentTurn]] = []
     infos: list[list[dict]] = []
     for t in range(num_turns):
         if not active:
             break
-        prompts: dict[str, list[Observation]] = {a: [] for a in names}
-        contexts: dict[str, list[str]] = {a: [] for a in names}
-        for e in active:
-            for i, a in enumerate(names):
-                obs = observations[e][i]
-                text = team.decode_observation(a, obs)
-                past_obs[e][i].append(text)
-                if agent_context == "history" and t > 0:
-                    text = history_context(past_obs[e][i], past_act[e][i])
-                    obs = text
-                prompts[a].append(obs)
-                contexts[a].append(text)
+        prompts, contexts = _prompts_for(team, observations, active, histories, agent_context, t)
         gens = team.generate(prompts, device, gen_kwargs, stop_token_id, generation_batch_size, unwrap)
         ids = torch.tensor(active, dtype=torch.long)
         turns.append({a: AgentTurn(a, t, ids, prompts[a], contexts[a], gens[a]) for a in names})
         completions = [[gens[a].texts[k] for a in names] for k in range(len(active))]
         for k, e in enumerate(active):
             for i in range(n):
-                past_act[e][i].append(completions[k][i])
+                histories[e][1][i].append(completions[k][i])
         step = env.step_batch(completions, active, n)
         rewards[ids, t] = step.rewards.float().cpu()
         turn_mask[ids, t] = True
@@ -149,23 +156,6 @@ class SampleTree:
                 ret[has_children] += gamma * sums[has_children] / counts[has_children].unsqueeze(-1)
             out[t] = ret
         return out
-
-
-def _prompts_for(team, observations, episode_ids, histories, agent_context, t):
-    names = team.names
-    prompts = {a: [] for a in names}
-    contexts = {a: [] for a in names}
-    for e in episode_ids:
-        for i, a in enumerate(names):
-            obs = observations[e][i]
-            text = team.decode_observation(a, obs)
-            histories[e][0][i].append(text)
-            if agent_context == "history" and t > 0:
-                text = history_context(histories[e][0][i], histories[e][1][i])
-                obs = text
-            prompts[a].append(obs)
-            contexts[a].append(text)
-    return prompts, contexts
 
 
 def run_tree(

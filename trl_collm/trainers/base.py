@@ -517,3 +517,14 @@ def _fold_single_agent_metrics(metrics: dict, name: str) -> dict:
         if k.startswith(prefix) and k[len(prefix):] not in out:
             out[k[len(prefix):]] = v
     return out
+
+
+def _chunked(fn, total: int, size: int) -> torch.Tensor:
+    """fn(slice) over [0, total) in chunks of `size`, concatenated along dim 0 (right-padding a ragged last dim)."""
+    outs = [fn(slice(s, s + size)) for s in range(0, total, size)]
+    if not outs:
+        return torch.zeros(0)
+    if outs[0].dim() > 1:
+        width = max(o.shape[-1] for o in outs)
+        outs = [torch.nn.functional.pad(o, (0, width - o.shape[-1])) for o in outs]
+    return torch.cat(outs, dim=0)

@@ -16,7 +16,7 @@ import torch
 from .. import algorithms as alg
 from ..configs import MultiAgentMCConfig
 from ..rollout import AgentTurn, SampleTree, run_cross, run_tree
-from .base import TeamTrainerBase
+from .base import TeamTrainerBase, _chunked
 
 
 class MultiAgentMCTrainer(TeamTrainerBase):
@@ -103,14 +103,8 @@ class MultiAgentMCTrainer(TeamTrainerBase):
 
     def _logprobs(self, a: str, at: AgentTurn, temp: float, reference: bool) -> torch.Tensor:
         g = at.gen
-        size = self.args.local_rollout_forward_batch_size
-        chunks = [
-            self.team.logprobs(a, g.query_ids[s:s + size], g.query_mask[s:s + size], g.response_ids[s:s + size],
-                               g.response_mask[s:s + size], temp, reference=reference)[0]
-            for s in range(0, len(g.query_ids), size)
-        ]
-        width = max(c.shape[1] for c in chunks)
-        return torch.cat([torch.nn.functional.pad(c, (0, width - c.shape[1])) for c in chunks])
+        return _chunked(lambda s: self.team.logprobs(a, g.query_ids[s], g.query_mask[s], g.response_ids[s], g.response_mask[s], temp,
+                                                     reference=reference)[0], len(g.query_ids), self.args.local_rollout_forward_batch_size)
 
     def _policy_loss(self, a: str, at: AgentTurn, rows: torch.Tensor, logs) -> torch.Tensor:
         args = self.args

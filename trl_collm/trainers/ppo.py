@@ -19,7 +19,7 @@ from .. import algorithms as alg
 from ..configs import MultiAgentPPOConfig
 from ..rollout import AgentTurn, Rollout
 from ..views import centralized_view, decentralized_view
-from .base import TeamTrainerBase, _rows_of
+from .base import TeamTrainerBase, _chunked, _rows_of
 
 
 @dataclass
@@ -333,13 +333,3 @@ class MultiAgentPPOTrainer(TeamTrainerBase):
 def _suffix(at: AgentTurn) -> list[list[int]]:
     # Whole padded rows: every suffix has the same length, so response token j sits at the same position in each row.
     return [r.tolist() for r in at.gen.response_ids]
-
-
-def _chunked(fn, total: int, size: int) -> torch.Tensor:
-    outs = [fn(slice(s, s + size)) for s in range(0, total, size)]
-    if not outs:
-        return torch.zeros(0)
-    width = max(o.shape[-1] for o in outs) if outs[0].dim() > 1 else None
-    if width is not None and any(o.shape[-1] != width for o in outs):
-        outs = [torch.nn.functional.pad(o, (0, width - o.shape[-1])) for o in outs]
-    return torch.cat(outs, dim=0)
