@@ -230,6 +230,9 @@ MODEL_SIZES = {
                  intermediate_size=64),
     "small": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4,
                   intermediate_size=688),
+    # About 45M parameters: big enough that model memory dominates the process (memory benchmark).
+    "medium": dict(hidden_size=768, num_hidden_layers=6, num_attention_heads=12, num_key_value_heads=4,
+                   intermediate_size=2048),
     # About 0.48B parameters (most in the 24 blocks; the vocabulary is tiny): the GPU throughput figure's size.
     "0.5b": dict(hidden_size=1152, num_hidden_layers=24, num_attention_heads=16, num_key_value_heads=8,
                  intermediate_size=4608),

@@ -1,0 +1,130 @@
+"""Peak memory of one training iteration as the team grows: n = 1, 2, 4, 8 agents plus a centralized critic.
+
+Layouts:
+- separate: one full model per agent + a full value model as critic (the reference library's structure);
+- lora: one frozen shared base, one LoRA adapter per agent, the critic as one more adapter + a value head.
+
+Each configuration runs in a fresh subprocess (peak RSS is per process): build the trainer, run one training
+iteration, report the peak RSS and the RSS right after imports (the interpreter + torch baseline).
+
+    python benchmarks/bench_memory.py                      # medium models (~45M params), n = 1 2 4 8, both layouts
+    python benchmarks/bench_memory.py --size tiny --agents 1 2 --smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def rss_mib() -> float:
+    """Peak resident memory of this process so far."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def current_rss_mib() -> float:
+    """Resident memory now (the baseline: a peak would include transient import-time allocations)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return rss_mib()
+
+
+def child(layout: str, n: int, size: str, batch: int, length: int) -> dict:
+    import torch
+
+    torch.set_num_threads(1)
+    from datasets import Dataset
+    from peft import LoraConfig
+
+    from trl_collm import MultiAgentPPOConfig, MultiAgentPPOTrainer
+    from trl_collm.testing import tiny_model_dir
+
+    path = tiny_model_dir(f"{size}-qwen2", size=size)
+    import gc
+
+    gc.collect()
+    baseline = current_rss_mib()
+    args = MultiAgentPPOConfig(
+        output_dir="/tmp/trl_collm_bench_memory", agent_names=[f"agent_{i}" for i in range(n)], preset="collm",
+        centralized_value="team", per_device_train_batch_size=batch, response_length=length, use_cpu=True, bf16=False,
+        report_to=[], save_strategy="no", disable_tqdm=True, num_sample_generations=0,
+    )
+    kw = dict(peft_config=LoraConfig(r=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])) if layout == "lora" else {}
+    reward = lambda prompts, completions, **k: [float(len(c[0]) % 3) for c in completions]  # noqa: E731
+    trainer = MultiAgentPPOTrainer(args=args, model=path, train_dataset=Dataset.from_dict({"prompt": ["write a plan"] * batch}),
+                                   reward_funcs=reward, **kw)
+    built = rss_mib()
+    trainer._batch_sizes()
+    trainer.create_optimizer_and_scheduler(num_training_steps=1)
+    t0 = time.time()
+    trainer.training_iteration([{"prompt": f"write plan {i}"} for i in range(batch)])
+    trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in trainer.model.parameters())
+    return dict(layout=layout, agents=n, size=size, baseline_rss_mib=baseline, built_rss_mib=built, peak_rss_mib=rss_mib(),
+                iteration_s=time.time() - t0, trainable_params=trainable, total_params=total)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--size", default="medium")
+    p.add_argument("--agents", nargs="+", type=int, default=[1, 2, 4, 8])
+    p.add_argument("--layouts", nargs="+", default=["separate", "lora"], choices=["separate", "lora"])
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--response-length", type=int, default=16)
+    p.add_argument("--json", default=None)
+    p.add_argument("--smoke", action="store_true", help="tiny models, n = 1 2")
+    p.add_argument("--child", nargs=2, metavar=("LAYOUT", "N"), help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.smoke:
+        a.size, a.agents = "tiny", [1, 2]
+    if a.child:
+        print(json.dumps(child(a.child[0], int(a.child[1]), a.size, a.batch, a.response_length)))
+        return
+    # Build the model once, outside the measured processes.
+    from trl_collm.testing import tiny_model_dir
+
+    tiny_model_dir(f"{a.size}-qwen2", size=a.size)
+    results = []
+    for layout in a.layouts:
+        for n in a.agents:
+            cmd = [sys.executable, __file__, "--child", layout, str(n), "--size", a.size, "--batch", str(a.batch),
+                   "--response-length", str(a.response_length)]
+            out = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+            if out.returncode != 0:
+                print(out.stderr[-2000:], file=sys.stderr)
+                raise SystemExit(f"child {layout} n={n} failed")
+            row = json.loads(out.stdout.strip().splitlines()[-1])
+            results.append(row)
+            print(f"  done {layout} n={n}: peak {row['peak_rss_mib']:.0f} MiB", flush=True)
+    print(f"\nsize {a.size}; one training iteration (CC critic, preset collm, batch {a.batch}, {a.response_length} tokens)\n")
+    print(f"{'layout':9s} {'n':>2s} {'peak MiB':>9s} {'x n=1':>6s} {'above idle':>11s} {'x n=1':>6s} {'trainable M':>12s} {'iter s':>7s}")
+    for layout in a.layouts:
+        rows = [r for r in results if r["layout"] == layout]
+        first_peak = rows[0]["peak_rss_mib"]
+        first_above = rows[0]["peak_rss_mib"] - rows[0]["baseline_rss_mib"]
+        for r in rows:
+            above = r["peak_rss_mib"] - r["baseline_rss_mib"]
+            print(f"{layout:9s} {r['agents']:2d} {r['peak_rss_mib']:9.0f} {r['peak_rss_mib'] / first_peak:6.2f} {above:11.0f} "
+                  f"{above / first_above:6.2f} {r['trainable_params'] / 1e6:12.2f} {r['iteration_s']:7.2f}")
+        last = rows[-1]
+        if layout == "lora":
+            ratio = last["peak_rss_mib"] / first_peak
+            print(f"goal (lora): peak memory of n={last['agents']} <= 1.3x n={rows[0]['agents']}: {ratio:.2f} -> "
+                  f"{'OK' if ratio <= 1.3 else 'MISSED'}")
+    print("peak: the process's peak RSS; above idle: peak minus the RSS after imports (interpreter, torch, libraries)")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,205 @@
+"""The `trl-collm` command line: ppo / mc training from a YAML config with overrides, eval, play, tasks, errors,
+and every example config under examples/configs parsing into the right dataclasses (parse only)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from trl_collm.cli import TaskArguments, main
+from trl_collm.configs import MultiAgentMCConfig, MultiAgentPPOConfig
+from trl_collm.tasks import get_task, list_tasks
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ROOT / "examples" / "configs"
+HAS_MPL = importlib.util.find_spec("matplotlib") is not None
+# The penalty game's payoffs, scaled by 1/10: the team return of any joint action lies in [-1, 1].
+PENALTY_MIN, PENALTY_MAX = -1.0, 1.0
+
+FAST = ["--disable_tqdm", "true", "--logging_steps", "1", "--train_limit", "16", "--eval_limit", "4", "--seed", "0"]
+
+
+def _last_json(text: str) -> dict:
+    lines = [ln for ln in text.strip().splitlines() if ln.startswith("{")]
+    assert lines, text[-2000:]
+    return json.loads(lines[-1])
+
+
+def _check_team_folder(out: Path, agents, critic: bool):
+    assert (out / "team.json").is_file()
+    desc = json.loads((out / "team.json").read_text())
+    assert desc["agents"] == agents
+    for a in agents:
+        assert (out / desc["agent_folders"][a]).is_dir(), a
+    assert (out / "critic").exists() == critic
+    curve = json.loads((out / "learning_curve.json").read_text())
+    assert curve and all({"episode", "score"} <= set(p) for p in curve)
+    assert all(PENALTY_MIN <= p["score"] <= PENALTY_MAX for p in curve)
+    assert (out / "learning_curve.png").is_file() == HAS_MPL
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, model_cache, qwen_path):
+    """One cc team (ppo) and one mc team, each trained for 2 short iterations from the example configs."""
+    root = tmp_path_factory.mktemp("cli")
+    ppo_out, mc_out = root / "ppo", root / "mc"
+    assert main(["ppo", "--config", str(CONFIGS / "coord-penalty" / "cc-cpu.yaml"), "--total_episodes", "16",
+                 "--per_device_train_batch_size", "8", "--output_dir", str(ppo_out), *FAST]) == 0
+    assert main(["mc", "--config", str(CONFIGS / "coord-penalty" / "mc-cpu.yaml"), "--total_episodes", "4",
+                 "--per_device_train_batch_size", "2", "--num_generations", "2", "--output_dir", str(mc_out), *FAST]) == 0
+    return {"ppo": ppo_out, "mc": mc_out}
+
+
+def test_ppo_writes_the_team_and_the_learning_curve(trained, capsys):
+    _check_team_folder(trained["ppo"], ["player_1", "player_2"], critic=True)
+
+
+def test_mc_writes_the_team_and_the_learning_curve(trained):
+    _check_team_folder(trained["mc"], ["player_1", "player_2"], critic=False)
+
+
+@pytest.mark.parametrize("kind", ["ppo", "mc"])
+def test_eval_prints_a_json_summary(trained, capsys, kind):
+    capsys.readouterr()
+    assert main(["eval", "--team_dir", str(trained[kind]), "--task", "coord-penalty", "--limit", "4", "--max_new_tokens", "2"]) == 0
+    summary = _last_json(capsys.readouterr().out)
+    assert summary["task"] == "coord-penalty" and summary["episodes"] == 4
+    assert PENALTY_MIN <= summary["mean_return"] <= PENALTY_MAX
+    assert summary["percent_of_max"] == pytest.approx(100.0 * summary["mean_return"] / get_task("coord-penalty").max_reward)
+
+
+def test_play_prints_both_agents_prompts_and_answers(trained, capsys):
+    capsys.readouterr()
+    assert main(["play", "--team_dir", str(trained["ppo"]), "--task", "coord-penalty", "--limit", "2", "--max_new_tokens", "2"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("=== episode") == 2
+    for i, agent in enumerate(["player_1", "player_2"]):
+        assert f"[{agent}] prompt:" in out and f"[{agent}] answer:" in out
+        assert f"You are player {i + 1} of a two-player penalty game" in out
+    assert "reward" in out
+    assert "mean_return" in _last_json(out)
+
+
+def test_tasks_lists_every_task(capsys):
+    capsys.readouterr()
+    assert main(["tasks"]) == 0
+    out = capsys.readouterr().out
+    listed = [line.split()[0] for line in out.strip().splitlines()]
+    assert listed == list_tasks()
+    for name in ["writing-summary", "writing-intro", "code-humaneval", "building-str", "building-house",
+                 "coord-climbing", "coord-penalty", "coord-numbers", "coord-repeated"]:
+        assert name in listed
+
+
+def test_tasks_in_a_real_subprocess():
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    script = Path(sys.executable).parent / "trl-collm"
+    cmd = [str(script), "tasks"] if script.exists() else [sys.executable, "-m", "trl_collm.cli", "tasks"]
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120, cwd=ROOT)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert [line.split()[0] for line in res.stdout.strip().splitlines()] == list_tasks()
+
+
+def test_help_and_unknown_command(capsys):
+    assert main([]) == 0
+    assert "usage: trl-collm" in capsys.readouterr().out
+    assert main(["trian"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown command 'trian'" in err and "ppo" in err
+
+
+def test_unknown_task_is_a_clear_error(tmp_path):
+    with pytest.raises(ValueError, match=r"unknown task 'no-such-task'.*coord-penalty"):
+        main(["ppo", "--task", "no-such-task", "--output_dir", str(tmp_path), "--use_cpu", "true", "--bf16", "false"])
+    with pytest.raises(ValueError, match=r"unknown task 'no-such-task'"):
+        main(["mc", "--config", str(CONFIGS / "coord-penalty" / "mc-cpu.yaml"), "--task", "no-such-task", "--output_dir", str(tmp_path)])
+    with pytest.raises(ValueError, match=r"unknown task 'no-such-task'"):
+        main(["eval", "--team_dir", str(tmp_path), "--task", "no-such-task"])
+
+
+def test_eval_of_a_folder_without_a_team(tmp_path):
+    with pytest.raises(FileNotFoundError, match="team.json"):
+        main(["eval", "--team_dir", str(tmp_path), "--task", "coord-penalty"])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Example configs: parse only
+# ---------------------------------------------------------------------------------------------------------------
+
+YAMLS = sorted(p.relative_to(CONFIGS).as_posix() for p in CONFIGS.glob("*/*.yaml"))
+
+
+def _parse(rel: str, *extra: str):
+    from trl import ModelConfig, TrlParser
+
+    config_cls = MultiAgentMCConfig if Path(rel).name.startswith("mc-") else MultiAgentPPOConfig
+    parser = TrlParser((TaskArguments, config_cls, ModelConfig))
+    return parser.parse_args_and_config(["--config", str(CONFIGS / rel), *extra])
+
+
+def test_every_task_has_all_six_configs_and_they_are_up_to_date():
+    expected = {f"{t}/{a}-{d}.yaml" for t in list_tasks() for a in ("cc", "dc", "mc") for d in ("gpu", "cpu")}
+    assert expected <= set(YAMLS), sorted(expected - set(YAMLS))
+    spec = importlib.util.spec_from_file_location("make_configs", CONFIGS / "make_configs.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    generated = module.all_configs()
+    assert set(generated) == expected
+    stale = [rel for rel, text in generated.items() if (CONFIGS / rel).read_text() != text]
+    assert not stale, f"run python examples/configs/make_configs.py: {stale}"
+
+
+@pytest.mark.parametrize("rel", [y for y in YAMLS if y.endswith("-cpu.yaml")])
+def test_cpu_config_parses(rel, model_cache):
+    task_args, args, model_args = _parse(rel)
+    algo = Path(rel).name.split("-")[0]
+    assert isinstance(args, MultiAgentMCConfig if algo == "mc" else MultiAgentPPOConfig)
+    assert isinstance(task_args, TaskArguments)
+    spec = get_task(task_args.task)
+    assert task_args.task == Path(rel).parent.name
+    assert args.num_turns == spec.num_turns
+    assert model_args.model_name_or_path == "tiny" and not model_args.use_peft
+    assert args.use_cpu and not args.bf16
+    assert args.report_to in ([], ["none"]) and args.save_strategy == "no"
+    assert task_args.train_limit and task_args.eval_limit
+    assert task_args.train_limit >= args.per_device_train_batch_size
+    if algo == "cc":
+        assert args.critic_type == "centralized"
+    elif algo == "dc":
+        assert args.critic_type == "decentralized"
+    if task_args.task_options:
+        assert isinstance(json.loads(task_args.task_options), dict)
+    # The dataset the config names loads, with at least one rollout batch of rows.
+    ds = spec.load_dataset("train", source=task_args.dataset_source, limit=task_args.train_limit)
+    assert len(ds) >= args.per_device_train_batch_size
+
+
+@pytest.mark.parametrize("rel", [y for y in YAMLS if y.endswith("-gpu.yaml")])
+def test_gpu_config_parses(rel):
+    raw = yaml.safe_load((CONFIGS / rel).read_text())
+    assert raw["bf16"] is True and raw["use_peft"] is True
+    # This machine may have no GPU: transformers refuses bf16 there, so parse with the flag overridden.
+    task_args, args, model_args = _parse(rel, "--bf16", "false")
+    algo = Path(rel).name.split("-")[0]
+    assert isinstance(args, MultiAgentMCConfig if algo == "mc" else MultiAgentPPOConfig)
+    spec = get_task(task_args.task)
+    assert task_args.task == Path(rel).parent.name
+    assert args.num_turns == spec.num_turns
+    assert args.output_dir == f"outputs/{task_args.task}-{algo}"
+    assert model_args.use_peft and model_args.lora_r == 16 and model_args.lora_target_modules == "all-linear"
+    assert model_args.model_name_or_path != "tiny" and "/" in model_args.model_name_or_path
+    assert args.report_to == ["tensorboard"]
+    if algo == "mc":
+        assert args.preset == "magrpo"
+    else:
+        assert args.preset == "collm" and args.policy_loss_type == "reinforce"
+        assert args.critic_type == ("centralized" if algo == "cc" else "decentralized")
+        if algo == "cc":
+            assert args.centralized_value == "team"
