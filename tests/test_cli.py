@@ -203,3 +203,11 @@ def test_gpu_config_parses(rel):
         assert args.critic_type == ("centralized" if algo == "cc" else "decentralized")
         if algo == "cc":
             assert args.centralized_value == "team"
+
+
+def test_cli_rejects_a_num_turns_that_contradicts_the_task(tmp_path):
+    from trl_collm.cli import main
+
+    with pytest.raises(ValueError, match="num_turns"):
+        main(["ppo", "--task", "coord-repeated", "--model_name_or_path", "tiny", "--num_turns", "2", "--output_dir", str(tmp_path),
+              "--use_cpu", "--bf16", "false", "--report_to", "none"])

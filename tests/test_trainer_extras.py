@@ -1,6 +1,7 @@
 """Trainer features beyond the core loop: evaluate, generate_completions, a TRL-PPO-style single agent with a reward
 model / value model / reference model on token-id prompts, value normalisation, per-module learning rates."""
 
+import pytest
 import torch
 from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
@@ -95,3 +96,52 @@ def test_param_groups_carry_agent_and_critic_learning_rates(tmp_path, qwen_path,
     assert groups["a"]["lr"] == 1e-3 and groups["critic/central"]["lr"] == 5e-4
     ids = [{id(p) for p in g["params"]} for g in groups.values()]
     assert not (ids[0] & ids[1]) and not (ids[0] & ids[2])  # disjoint: one optimizer, separate updates
+
+
+def test_long_prompts_are_cut_to_the_context_with_a_warning(tmp_path, qwen_path, make_config):
+    long_prompt = "the team writes the plan " * 40
+    dataset = Dataset.from_dict({"prompt": [long_prompt] * 4})
+    args = make_config(tmp_path, num_agents=2, max_prompt_length=12)
+    trainer = MultiAgentPPOTrainer(args=args, model=qwen_path, train_dataset=dataset,
+                                   reward_funcs=lambda prompts, completions, **k: [1.0] * len(prompts))
+    assert trainer.team.prompt_limits == {"agent_0": 12, "agent_1": 12}
+    # the critic is cut to its own context (2048 positions for the tiny model), not to max_prompt_length
+    assert trainer.critic.units["central"].max_tokens == 2048
+    with pytest.warns(UserWarning, match="keeping the last 12"):
+        roll = trainer.rollout([dataset[0]])
+    g = roll.turns[0]["agent_0"].gen
+    assert g.query_ids.shape[1] == 12
+    tok = trainer.team.tokenizers["agent_0"]
+    assert tok.decode(g.query_ids[0]) == tok.decode(tok(long_prompt, add_special_tokens=False)["input_ids"][-12:])
+
+
+def test_default_prompt_limit_leaves_room_for_the_response(tmp_path, qwen_path, prompts_dataset, make_config):
+    args = make_config(tmp_path, num_agents=2, response_length=6)
+    trainer = MultiAgentPPOTrainer(args=args, model=qwen_path, train_dataset=prompts_dataset,
+                                   reward_funcs=lambda prompts, completions, **k: [1.0] * len(prompts))
+    assert trainer.team.prompt_limits["agent_0"] == 2048 - 6
+
+
+def test_model_init_kwargs_reach_from_pretrained(tmp_path, qwen_path, prompts_dataset, make_config):
+    args = make_config(tmp_path, num_agents=2, model_init_kwargs='{"dtype": "bfloat16"}')
+    assert args.model_init_kwargs == {"dtype": "bfloat16"}
+    trainer = MultiAgentPPOTrainer(args=args, model=qwen_path, train_dataset=prompts_dataset,
+                                   reward_funcs=lambda prompts, completions, **k: [1.0] * len(prompts))
+    assert trainer.team.policies["agent_0"].dtype == torch.bfloat16
+    assert next(trainer.critic.units["central"].value_model.parameters()).dtype == torch.bfloat16
+
+
+def test_mc_missing_eos_penalty_lowers_returns(tmp_path):
+    import types
+
+    from trl_collm import MultiAgentMCConfig, MultiAgentMCTrainer
+    from trl_collm.rollout import SampleTree
+
+    ended = [torch.tensor([True, False]), torch.tensor([False, False])]
+    turn = {a: types.SimpleNamespace(gen=types.SimpleNamespace(ended=e)) for a, e in zip(["a", "b"], ended)}
+    tree = SampleTree(["a", "b"], [{}], [turn], [torch.ones(2, 2)], [torch.full((2,), -1)], [torch.zeros(2, dtype=torch.long)],
+                      [torch.zeros(2, dtype=torch.long)])
+    cfg = MultiAgentMCConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, missing_eos_penalty=0.5, baseline="none")
+    adv = MultiAgentMCTrainer.advantages(types.SimpleNamespace(args=cfg), tree)
+    # agent a: sample 0 ended (1.0), sample 1 did not (0.5); agent b: neither ended (0.5, 0.5)
+    assert torch.allclose(adv[0], torch.tensor([[1.0, 0.5], [0.5, 0.5]]))

@@ -74,11 +74,11 @@ def check_tokenizer(tok, agent: str):
         raise ValueError(f"`processing_class` for agent {agent!r} has no eos token; set `tokenizer.eos_token`.")
 
 
-def _load_causal_lm(source, dtype=None):
+def _load_causal_lm(source, init_kwargs: dict | None = None):
     from transformers import AutoModelForCausalLM
 
     if isinstance(source, (str, os.PathLike)):
-        return AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
+        return AutoModelForCausalLM.from_pretrained(source, **(init_kwargs or {}))
     return source
 
 
@@ -106,7 +106,7 @@ def build_team(model, processing_class, ref_model, peft_config, args, names: lis
     if shared:
         if isinstance(model, PeftModel):
             raise ValueError("`model` is already a PeftModel; pass the plain base model and `peft_config` to build the team's adapters.")
-        base = _load_causal_lm(model)
+        base = _load_causal_lm(model, args.model_init_kwargs)
         base.requires_grad_(False)
         peft_model = get_peft_model(base, peft_config, adapter_name=names[0])
         for a in names[1:]:
@@ -121,7 +121,7 @@ def build_team(model, processing_class, ref_model, peft_config, args, names: lis
                 f"`model` is one model object but the team has {n} agents. Pass a list or dict of models, a model path "
                 "(loaded once per agent), or a `peft_config` to train n LoRA adapters on this one base."
             )
-    policies = {a: _load_causal_lm(model_sources[a]) for a in names}
+    policies = {a: _load_causal_lm(model_sources[a], args.model_init_kwargs) for a in names}
     peft_configs = per_agent(peft_config, names, "peft_config")
     for a in names:
         if peft_configs[a] is not None and not isinstance(policies[a], PeftModel):
@@ -131,7 +131,7 @@ def build_team(model, processing_class, ref_model, peft_config, args, names: lis
     for a in names:
         ref = refs_in[a]
         if isinstance(ref, (str, os.PathLike)):
-            ref = _load_causal_lm(ref)
+            ref = _load_causal_lm(ref, args.model_init_kwargs)
         if ref is None and args.uses_reference() and not isinstance(policies[a], PeftModel):
             ref = freeze_copy(policies[a])  # TRL required it; we make one so a missing ref is not an error
         if ref is not None:
@@ -193,7 +193,7 @@ def build_critic(team: AgentTeam, value_model, args, peft_config, critic_process
                     )
                 vm = path
             if isinstance(vm, (str, os.PathLike)):
-                vm = AutoModelForSequenceClassification.from_pretrained(vm, num_labels=k)
+                vm = AutoModelForSequenceClassification.from_pretrained(vm, num_labels=k, **(args.model_init_kwargs or {}))
             if vm.config.pad_token_id is None:
                 vm.config.pad_token_id = team.tokenizers[owner].pad_token_id
             if value_model_outputs(vm) != k:

@@ -3,7 +3,7 @@
     trl-collm ppo  --config examples/configs/coord-penalty/cc-cpu.yaml [--learning_rate 1e-2 ...]
     trl-collm mc   --config examples/configs/coord-penalty/mc-cpu.yaml
     trl-collm eval --team_dir outputs/coord-penalty-cc --task coord-penalty [--limit 32]
-    trl-collm play --team_dir outputs/coord-penalty-cc --task coord-penalty [--num_episodes 3]
+    trl-collm play --team_dir outputs/coord-penalty-cc --task coord-penalty [--limit 3]
     trl-collm tasks
 
 Training configs follow TRL's convention (TrlParser): a YAML file whose keys are the fields of `TaskArguments`,
@@ -51,6 +51,10 @@ def _call_with_supported(fn, **kwargs):
     return fn(**{k: v for k, v in kwargs.items() if k in params})
 
 
+def _task_turns(task, opts: dict) -> int:
+    return int(opts.get("num_turns", opts.get("turns", task.num_turns)))
+
+
 def _resolve_model(path: str | None) -> str:
     if path in (None, TINY):
         from .testing import tiny_model_dir
@@ -74,8 +78,17 @@ def train(kind: str, argv: list[str]) -> str:
     num_agents = opts.get("num_agents", len(task.agent_names))
     if args.agent_names is None:
         args.agent_names = list(task.agent_names) if num_agents == len(task.agent_names) else [f"agent_{i + 1}" for i in range(num_agents)]
-    if args.num_turns == 1 and task.num_turns > 1:
-        args.num_turns = opts.get("turns", task.num_turns)
+    # The episode length is the task's (or its `turns` / `num_turns` option); num_turns=1, the default, means "the task's".
+    task_turns = _task_turns(task, opts)
+    if args.num_turns == 1:
+        args.num_turns = task_turns
+    elif args.num_turns != task_turns:
+        raise ValueError(f"`num_turns`={args.num_turns} but task {task.name!r} runs {task_turns} turn(s); set its length with "
+                         "--task_options (e.g. '{\"num_turns\": 2}') instead.")
+    init_kwargs = {k: v for k, v in (("dtype", model_args.dtype), ("attn_implementation", model_args.attn_implementation),
+                                     ("revision", model_args.model_revision)) if v not in (None, "main")}
+    if init_kwargs:
+        args.model_init_kwargs = {**init_kwargs, **(args.model_init_kwargs or {})}
     data_kwargs = dict(source=task_args.dataset_source, **opts)
     train_ds = _call_with_supported(task.load_dataset, split="train", limit=task_args.train_limit, **data_kwargs)
     eval_ds = _call_with_supported(task.load_dataset, split="eval", limit=task_args.eval_limit, **data_kwargs)
@@ -128,7 +141,7 @@ def evaluate_team(argv: list[str], play_mode: bool = False):
     task = get_task(opts_ns.task)
     opts = json.loads(opts_ns.task_options) if opts_ns.task_options else {}
     desc = read_team_file(opts_ns.team_dir)
-    num_turns = opts.get("turns", desc.get("num_turns") or task.num_turns)
+    num_turns = _task_turns(task, opts) if opts else (desc.get("num_turns") or task.num_turns)
     rows_ds = _call_with_supported(task.load_dataset, split=opts_ns.split, limit=opts_ns.limit, **opts)
     rows = [rows_ds[i] for i in range(len(rows_ds))]
     team = load_team(opts_ns.team_dir, base_model=opts_ns.base_model, device=opts_ns.device)

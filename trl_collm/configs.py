@@ -11,6 +11,7 @@ DeepSpeed.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import sys
@@ -142,6 +143,15 @@ class TeamConfig(_BaseConfig):
     )
 
 
+    max_prompt_length: int | None = field(
+        default=None,
+        metadata={"help": "Longest agent prompt in tokens; longer prompts keep their last tokens (with a warning). "
+                  "Default: the model's context length minus response_length. Critic views are cut to the critic's context."},
+    )
+    model_init_kwargs: dict | str | None = field(
+        default=None,
+        metadata={"help": "Keyword arguments for from_pretrained when models are given as paths (e.g. {\"dtype\": \"bfloat16\"})."},
+    )
     # TRL's base turns activation checkpointing on; RL alternates generation and training forwards, so we leave it
     # off unless asked (`--activation_checkpointing`). None keeps transformers from warning about the old name.
     gradient_checkpointing: bool | None = field(default=None, metadata={"help": "Deprecated alias of activation_checkpointing."})
@@ -177,6 +187,8 @@ class TeamConfig(_BaseConfig):
     preset: str | None = field(default=None, metadata={"help": "One word that sets the update rule (see docs/algorithm.md)."})
 
     def __post_init__(self):
+        if isinstance(self.model_init_kwargs, str):
+            self.model_init_kwargs = json.loads(self.model_init_kwargs)
         if self.preset is not None:
             if self.preset not in self.presets:
                 raise ValueError(f"`preset`={self.preset!r} is unknown; choose one of {sorted(self.presets)} or leave it unset.")

@@ -17,7 +17,7 @@ import contextlib
 import torch
 from torch import nn
 
-from .team import AgentTeam, _left_pad, position_ids_from_mask
+from .team import AgentTeam, _left_pad, position_ids_from_mask, truncate_left
 
 
 class ValueHead(nn.Module):
@@ -83,6 +83,7 @@ class CriticUnit(nn.Module):
         self._team = [team]
         self.agent = agent
         self.adapter = adapter
+        self.max_tokens: int | None = None  # longest view in tokens (set by the trainer from the model's context)
         if placement == "separate":
             self.value_model = value_model
             if value_model_outputs(value_model) != num_outputs:
@@ -137,8 +138,7 @@ class CriticUnit(nn.Module):
         rows = []
         for i, text in enumerate(texts):
             ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-            if max_length is not None and len(ids) > max_length:
-                ids = ids[-max_length:]
+            ids = truncate_left(ids, max_length if max_length is not None else self.max_tokens, "critic view")
             if suffix_ids is not None:
                 ids = ids + suffix_ids[i]
             rows.append(ids)

@@ -143,11 +143,13 @@ class SampleTree:
     def num_turns(self) -> int:
         return len(self.turns)
 
-    def returns(self, gamma: float) -> list[torch.Tensor]:
-        """R_t(node) = r_t(node) + gamma * mean of R_{t+1} over the node's children (its reward alone at a leaf)."""
+    def returns(self, gamma: float, rewards: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+        """R_t(node) = r_t(node) + gamma * mean of R_{t+1} over the node's children (its reward alone at a leaf).
+        `rewards` replaces the environment's rewards (e.g. after a missing-EOS penalty)."""
+        rewards = self.rewards if rewards is None else rewards
         out = [None] * self.num_turns
         for t in reversed(range(self.num_turns)):
-            ret = self.rewards[t].clone()
+            ret = rewards[t].clone()
             if t + 1 < self.num_turns and len(self.parents[t + 1]):
                 n_nodes, n = ret.shape
                 sums = torch.zeros(n_nodes, n).index_add_(0, self.parents[t + 1], out[t + 1])

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -74,6 +75,8 @@ class AgentTeam(nn.Module):
             _set_adapter_keep_grads(shared_base, self.names[0], self.trainable_adapters())
         # Reference policies are frozen and kept outside the module tree, so optimizers and DeepSpeed never see them.
         self._refs = dict(ref_policies or {})
+        # Longest prompt per agent in tokens (set by the trainer); longer prompts keep their last tokens.
+        self.prompt_limits: dict[str, int | None] = {}
 
     # ------------------------------------------------------------------ access
     def model_of(self, name: str) -> nn.Module:
@@ -116,9 +119,7 @@ class AgentTeam(nn.Module):
                 ids = tok(obs, add_special_tokens=False)["input_ids"]
             else:
                 ids = list(obs)
-            if max_length is not None and len(ids) > max_length:
-                ids = ids[-max_length:]  # keep the end: it holds the latest turn
-            rows.append(ids)
+            rows.append(truncate_left(ids, max_length if max_length is not None else self.prompt_limits.get(name), f"agent {name!r} prompt"))
         return _left_pad(rows, tok.pad_token_id, device)
 
     def decode_observation(self, name: str, obs: Observation) -> str:
@@ -267,6 +268,14 @@ def _flatten_adapter_folder(path: str, name: str) -> None:
         os.rmdir(nested)
 
 
+def truncate_left(ids: list[int], limit: int | None, what: str) -> list[int]:
+    """Keep the last `limit` tokens (the end holds the latest turn), with a warning: a cut prompt is worth knowing."""
+    if limit is None or len(ids) <= limit:
+        return ids
+    warnings.warn(f"{what} has {len(ids)} tokens; keeping the last {limit} (max_prompt_length / the model's context).", stacklevel=2)
+    return ids[-limit:]
+
+
 def _left_pad(rows: list[list[int]], pad_id: int, device):
     width = max((len(r) for r in rows), default=0)
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
@@ -306,6 +315,18 @@ def _chunked_generate(model, ids, mask, gen_kwargs, batch_size, adapter_names):
     width = max(o.shape[1] for o in outs)
     pad_id = gen_kwargs["pad_token_id"]
     return torch.cat([torch.nn.functional.pad(o, (0, width - o.shape[1]), value=pad_id) for o in outs], dim=0)
+
+
+def max_positions(model: nn.Module) -> int | None:
+    """The context length a model was built for (None when its config does not say)."""
+    if hasattr(model, "get_base_model"):
+        model = model.get_base_model()
+    config = getattr(model, "config", None)
+    for key in ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length"):
+        value = getattr(config, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
 
 
 def freeze_copy(model: nn.Module) -> nn.Module:

@@ -97,6 +97,7 @@ class TeamTrainerBase(_BaseTrainer):
                         "use advantage_level='turn' for heterogeneous teams."
                     )
         self.env = build_env(env, reward_funcs, reward_model, prompt_formatters, args, team)
+        _set_context_limits(team, critic, args)
         self.reward_model = reward_model
         team_model = TeamModel(team, critic)
         for module in [team_model] + [r for r in team._refs.values() if r is not None]:
@@ -240,6 +241,7 @@ class TeamTrainerBase(_BaseTrainer):
             return
         self.optimizer.zero_grad(set_to_none=True)
         self._accumulate(turns, pairs, agents, logs, extra_backward, micro)
+        distributed.average_gradients(self)  # several processes without DeepSpeed; no-op in one process
         critic_keys = sorted({self.critic.key_for(a) for a in agents}) if self.critic is not None else []
         self._clip_gradients(agents, critic_keys)
         self.optimizer.step()
@@ -344,7 +346,8 @@ class TeamTrainerBase(_BaseTrainer):
             self.control = self.callback_handler.on_step_begin(args, self.state, self.control)
             rows = next(iterator)
             t0 = time.time()
-            metrics = self.training_iteration(rows)
+            with self.accelerator.autocast():  # bf16 / fp16 mixed precision, as transformers.Trainer does
+                metrics = self.training_iteration(rows)
             metrics["time/iteration_s"] = time.time() - t0
             self.state.episode += args.batch_size
             self.state.global_step += 1
@@ -528,3 +531,24 @@ def _chunked(fn, total: int, size: int) -> torch.Tensor:
         width = max(o.shape[-1] for o in outs)
         outs = [torch.nn.functional.pad(o, (0, width - o.shape[-1])) for o in outs]
     return torch.cat(outs, dim=0)
+
+
+def _set_context_limits(team, critic, args) -> None:
+    """Prompts longer than a model's context would crash or silently wrap positions: cut them to fit (keeping the end)."""
+    from ..team import max_positions
+
+    for a in team.names:
+        limits = [args.max_prompt_length]
+        context = max_positions(team.model_of(a))
+        if context is not None:
+            limits.append(context - args.response_length)
+        limits = [x for x in limits if x is not None]
+        team.prompt_limits[a] = max(1, min(limits)) if limits else None
+    if critic is None:
+        return
+    token_level = getattr(args, "advantage_level", None) == "token"
+    for unit in critic.units.values():
+        model = unit.value_model if unit.placement == "separate" else team.model_of(unit.agent or team.names[0])
+        context = max_positions(model)
+        if context is not None:
+            unit.max_tokens = max(1, context - (args.response_length if token_level else 0))

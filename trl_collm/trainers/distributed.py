@@ -57,6 +57,20 @@ def prepare_args_for_deepspeed(args) -> None:
                 f"DeepSpeed on CPU: accelerate sees {args.distributed_state.num_processes} process(es) out of WORLD_SIZE={world}; "
                 "pass `ddp_backend='gloo'` in the training config."
             )
+    plugin = getattr(args, "deepspeed_plugin", None)
+    if plugin is not None and plugin.hf_ds_config.is_zero3():
+        if plugin.zero3_init_flag:
+            raise ValueError(
+                "ZeRO-3 with `zero3_init_flag: true` is not supported by the team trainers: they build frozen reference "
+                "copies, value heads and LoRA adapters from the loaded agents before the DeepSpeed engine exists, which "
+                "needs full weights. Set `zero3_init_flag: false` (trl_collm/accelerate_configs/zero3.yaml does); the "
+                "engine still partitions every trainable parameter and the references are sharded at `train()`."
+            )
+        # transformers' TrainingArguments registered the ZeRO-3 config globally, which makes every later
+        # `from_pretrained` (the agents, the critic) load partitioned under deepspeed.zero.Init even with the flag off.
+        from transformers.integrations.deepspeed import unset_hf_deepspeed_config
+
+        unset_hf_deepspeed_config()
 
 
 def zero_stage(trainer) -> int:
@@ -164,3 +178,32 @@ def save_shared_adapter(peft_model, adapter: str, folder: str, state_dict: dict 
     kwargs = {} if state_dict is None else {"state_dict": state_dict}
     peft_model.save_pretrained(folder, selected_adapters=[adapter], **kwargs)
     _flatten_adapter_folder(folder, adapter)
+
+
+def average_gradients(trainer) -> None:
+    """Several processes without DeepSpeed (accelerate's multi-GPU / multi-CPU launch): the TeamModel is not wrapped
+    in DDP (the trainers call its submodules directly, which DDP's reducer does not see), so average the accumulated
+    gradients across the processes here, once per optimizer step. Parameters without a gradient on some rank count
+    as zero there, so every rank takes part in the same collectives and steps the same parameters."""
+    world = trainer.accelerator.num_processes
+    if world <= 1:
+        return
+    params = [p for g in trainer.optimizer.param_groups for p in g["params"]]
+    has_grad = torch.tensor([p.grad is not None for p in params], dtype=torch.float32, device=trainer.accelerator.device)
+    torch.distributed.all_reduce(has_grad)
+    for p, any_grad in zip(params, has_grad.tolist()):
+        if any_grad == 0:
+            continue  # no rank produced a gradient: leave it None (the optimizer skips it, as in one process)
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    grads = [p.grad for p, flag in zip(params, has_grad.tolist()) if flag > 0]
+    if not grads:
+        return
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    torch.distributed.all_reduce(flat)
+    flat /= world
+    offset = 0
+    for g in grads:
+        n = g.numel()
+        g.copy_(flat[offset:offset + n].view_as(g))
+        offset += n

@@ -63,7 +63,11 @@ class MultiAgentMCTrainer(TeamTrainerBase):
     def advantages(self, tree: SampleTree) -> list[torch.Tensor]:
         """Per turn, (N_t, n) advantages: return minus the baseline of the node's group, per agent."""
         args = self.args
-        returns = tree.returns(args.gamma)
+        rewards = tree.rewards
+        if args.missing_eos_penalty is not None:  # as TRL: a completion that never stopped scores less
+            rewards = [r - args.missing_eos_penalty * torch.stack(
+                [(~turn[a].gen.ended).float().cpu() for a in tree.agent_names], dim=-1) for r, turn in zip(rewards, tree.turns)]
+        returns = tree.returns(args.gamma, rewards)
         out = []
         for t, ret in enumerate(returns):
             mask = tree.credit_mask[t] if tree.credit_mask is not None else torch.ones_like(ret, dtype=torch.bool)
