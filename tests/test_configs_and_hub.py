@@ -109,3 +109,64 @@ def test_push_to_hub_uploads_the_whole_team(tmp_path, monkeypatch):
                    "alice/tokenizer.json"]:
         assert needed in files, (needed, files)
     assert "| alice | `alice` |" in calls["card"] and "centralized" in calls["card"]
+
+
+def test_push_without_critic_and_load_team_round_trip(tmp_path, monkeypatch):
+    """include_critic=False leaves critic/ out of the upload; load_team(repo_id) fetches the repo (snapshot_download,
+    stubbed to a local copy of what was uploaded) and runs the team decentralized with the trained weights."""
+    import shutil
+
+    import huggingface_hub
+    import torch
+    import transformers.trainer as hf_trainer
+    from datasets import Dataset
+    from peft import LoraConfig
+
+    from trl_collm.inference import load_team, play
+    from trl_collm.tasks import get_task
+    from trl_collm.testing import tiny_model_dir
+
+    uploaded = tmp_path / "hub-copy"
+
+    class FakeApi:
+        def create_repo(self, repo_id, **kw):
+            return type("R", (), {"repo_id": f"me/{repo_id}"})()
+
+        def upload_folder(self, repo_id, folder_path, ignore_patterns=(), **kw):
+            import fnmatch
+
+            for root, _, files in os.walk(folder_path):
+                for f in files:
+                    rel = os.path.relpath(os.path.join(root, f), folder_path)
+                    if any(fnmatch.fnmatch(rel, pat) for pat in ignore_patterns):
+                        continue
+                    (uploaded / rel).parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copy(os.path.join(root, f), uploaded / rel)
+
+    monkeypatch.setattr(hf_trainer, "hf_api", lambda: FakeApi())
+    task = get_task("coord-penalty")
+    path = tiny_model_dir("tiny-qwen2")
+    args = MultiAgentPPOConfig(output_dir=str(tmp_path / "lora-team"), use_cpu=True, bf16=False, report_to=[],
+                               agent_names=task.agent_names, per_device_train_batch_size=2, response_length=2,
+                               total_episodes=2, save_strategy="no", num_sample_generations=0, disable_tqdm=True,
+                               learning_rate=1e-2)
+    trainer = MultiAgentPPOTrainer(args=args, model=path, train_dataset=task.load_dataset("train", limit=4), env=task.make_env(),
+                                   peft_config=LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    trainer.train()
+    trainer.push_to_hub(include_critic=False, dataset_name="coord-penalty")
+    files = {str(p.relative_to(uploaded)) for p in uploaded.rglob("*") if p.is_file()}
+    assert "team.json" in files and "player_1/adapter_config.json" in files and "player_2/adapter_config.json" in files
+    assert not any(f.startswith("critic") for f in files)
+    card = (uploaded / "README.md").read_text()
+    assert "player_1" in card and "penalty game" in card  # roles: the agents' example prompts
+    assert "RewardFunctionEnv" in card and "payoff" in card and "load_team" in card
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda repo_id, **kw: str(uploaded))
+    team = load_team("me/lora-team")
+    assert team.layout == "shared_base" and team.names == task.agent_names
+    live = dict(trainer.team.shared_base.named_parameters())
+    for name, p in team.shared_base.named_parameters():
+        if "lora_B" in name:
+            assert torch.allclose(p, live[name].cpu()), name
+    transcripts = play(team, task.make_env(), [task.load_dataset("eval")[0]], num_turns=1, max_new_tokens=2)
+    assert set(transcripts[0]["turns"][0]["agents"]) == set(task.agent_names)

@@ -27,13 +27,18 @@ def read_team_file(folder: str) -> dict:
 
 
 def load_team(folder: str, base_model: str | None = None, device: str | torch.device | None = None, dtype=None) -> AgentTeam:
-    """Rebuild the agents of a saved team (full models or LoRA adapters on their base) for decentralized inference.
+    """Rebuild the agents of a saved team (a local folder or a Hub repo id; full models or LoRA adapters on their
+    base) for decentralized inference.
 
     `base_model` overrides the base recorded in team.json for LoRA teams (e.g. a local copy of the base).
     """
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    if not os.path.isdir(folder):  # a Hub repo id: fetch the whole team once (fails clearly when offline)
+        from huggingface_hub import snapshot_download
+
+        folder = snapshot_download(folder)
     desc = read_team_file(folder)
     names = desc["agents"]
     folders = {a: os.path.normpath(os.path.join(folder, desc["agent_folders"][a])) for a in names}

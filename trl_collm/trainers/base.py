@@ -444,20 +444,51 @@ class TeamTrainerBase(_BaseTrainer):
         return desc
 
     def create_model_card(self, model_name=None, dataset_name=None, tags=None):
-        """TRL's card, followed by a section that describes the team (agents, layout, critic, how to load it)."""
+        """TRL's card, followed by the team section (agents, roles, task, critic, metrics, how to run the team)."""
+        from ..cards import team_card_section
+
         super().create_model_card(model_name=model_name, dataset_name=dataset_name, tags=tags)
         if not self.is_world_process_zero():
             return
-        desc = self.team_description()
-        lines = ["", "## The team", "", f"Trained with trl-collm's `{desc['trainer']}` ({desc['layout']} layout, "
-                 f"{desc['num_turns']} turn(s), preset `{desc['preset']}`).", "", "| agent | folder |", "|---|---|"]
-        lines += [f"| {a} | `{folder}` |" for a, folder in desc["agent_folders"].items()]
-        if "critic" in desc:
-            lines += ["", f"Critic: {desc['critic']['type']} ({desc['critic']['value_mode']}), saved under `critic/`."]
-        lines += ["", "Load an agent with `AutoModelForCausalLM.from_pretrained(repo, subfolder=<folder>)` (or PEFT for "
-                  "adapters); `team.json` describes the whole team."]
+        desc = dict(self.team_description(), task=self._task_facts(), algorithm=self._algorithm_facts())
+        metrics = self._metrics_history[-1] if self._metrics_history else None
         with open(os.path.join(self.args.output_dir, "README.md"), "a") as f:
-            f.write("\n".join(lines) + "\n")
+            f.write(team_card_section(desc, metrics))
+
+    def _task_facts(self) -> dict:
+        facts = {"env": type(self.env).__name__, "rewards": list(getattr(self.env, "reward_func_names", []) or [])}
+        try:  # the prompts an episode starts with, from the first training row, on a copy of the env
+            observations = self.env.clone().reset(self.train_dataset[0])
+            facts["example_prompts"] = {a: self.team.decode_observation(a, o) for a, o in zip(self.team.names, observations)}
+        except Exception:  # noqa: BLE001 - a card must not fail on an env that cannot reset outside a batch
+            pass
+        return facts
+
+    def _algorithm_facts(self) -> dict:
+        args = self.args
+        keys = ("critic_type", "centralized_value", "advantage_level", "policy_loss_type", "num_ppo_epochs", "kl_coef",
+                "num_generations", "joint_mode", "expansion", "baseline", "loss_type", "gamma", "learning_rate")
+        return {k: getattr(args, k) for k in keys if hasattr(args, k)}
+
+    def push_to_hub(self, commit_message: str | None = "End of training", blocking: bool = True, token: str | None = None,
+                    revision: str | None = None, include_critic: bool = True, **kwargs):
+        """Publish the whole team: every agent folder, team.json, the team card and (unless include_critic=False)
+        the critic. Extra keyword arguments (e.g. dataset_name) go to the model card."""
+        import transformers.trainer as hf_trainer
+
+        model_name = kwargs.pop("model_name", None) or (self.args.hub_model_id or self.args.output_dir).rstrip("/").split("/")[-1]
+        token = token if token is not None else self.args.hub_token
+        if self.hub_model_id is None:
+            self.init_hf_repo(token=token)
+        self.save_model(_internal_call=True)
+        if not self.is_world_process_zero():
+            return None
+        self.create_model_card(model_name=model_name, **kwargs)
+        ignore = ["_*", "checkpoint-*", "checkpoint-*/**", "runs/**"] + ([] if include_critic else ["critic/*", "critic/**"])
+        return hf_trainer.hf_api().upload_folder(
+            repo_id=self.hub_model_id, folder_path=self.args.output_dir, commit_message=commit_message, token=token,
+            run_as_future=not blocking, ignore_patterns=ignore, revision=revision or self.args.hub_revision,
+        )
 
     def _single_agent(self) -> bool:
         return len(self.team.names) == 1
