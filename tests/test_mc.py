@@ -7,13 +7,14 @@ import pytest
 import torch
 from datasets import Dataset
 from peft import LoraConfig, PeftModel
-from torch import nn
-from transformers import AutoModelForCausalLM, PretrainedConfig
+from transformers import AutoModelForCausalLM
 
 from trl_collm import MultiAgentEnv, MultiAgentMCConfig, MultiAgentMCTrainer, RewardFunctionEnv, StepResult
 from trl_collm.rollout import AgentTurn, SampleTree, run_cross, run_tree
 from trl_collm.team import Generation
 from trl_collm.testing import build_tokenizer
+
+from toy import ConstantPolicy, generation, reinforce_step
 
 
 class ScriptedTeam:
@@ -121,29 +122,6 @@ def test_cross_mode_credits_each_sample_with_its_combinations():
 
 
 # ------------------------------------------------------------------ MAGRPO preset: gradient by hand
-V = 7
-
-
-class ConstantPolicy(nn.Module):
-    def __init__(self, theta):
-        super().__init__()
-        self.theta = nn.Parameter(torch.tensor(theta, dtype=torch.float32))
-        self.config = PretrainedConfig(hidden_size=1, pad_token_id=0, eos_token_id=1)
-
-    def forward(self, input_ids, logits_to_keep=0, **kwargs):
-        b, length = input_ids.shape
-        return types.SimpleNamespace(logits=self.theta.expand(b, logits_to_keep or length, V))
-
-
-def _gen(responses):
-    width = max(len(r) for r in responses)
-    ids = torch.zeros(len(responses), width, dtype=torch.long)
-    mask = torch.zeros(len(responses), width, dtype=torch.bool)
-    for k, r in enumerate(responses):
-        ids[k, : len(r)] = torch.tensor(r)
-        mask[k, : len(r)] = True
-    q = torch.full((len(responses), 2), 5, dtype=torch.long)
-    return Generation(q, torch.ones_like(q), ids, mask, [str(r) for r in responses], torch.zeros(len(responses), dtype=torch.bool))
 
 
 def test_magrpo_preset_matches_analytic_reinforce_gradient(tmp_path):
@@ -164,16 +142,11 @@ def test_magrpo_preset_matches_analytic_reinforce_gradient(tmp_path):
     rewards = torch.tensor([1.0, 0.0, 2.0, 0.5])  # joint, G = 4 samples of one prompt
     responses = {"alice": [[2, 3], [4], [2, 2, 6], [5, 3]], "bob": [[1], [3, 4], [6, 6], [2]]}
     ids = torch.arange(4)
-    turn = {a: AgentTurn(a, 0, ids, ["p"] * 4, ["p"] * 4, _gen(responses[a])) for a in responses}
+    turn = {a: AgentTurn(a, 0, ids, ["p"] * 4, ["p"] * 4, generation(responses[a])) for a in responses}
     tree = SampleTree(["alice", "bob"], [{}], [turn], [rewards.view(4, 1).expand(4, 2).clone()], [torch.full((4,), -1)],
                       [torch.zeros(4, dtype=torch.long)], [torch.zeros(4, dtype=torch.long)])
     adv = rewards - rewards.mean()  # no std scaling in MAGRPO
-    expected = []
-    for a, theta in zip(["alice", "bob"], thetas):
-        th = torch.tensor(theta)
-        p = torch.softmax(th, 0)  # raw logits: the preset does not divide by the temperature
-        grad = sum(-adv[k] * (torch.bincount(torch.tensor(r), minlength=V).float() - len(r) * p) for k, r in enumerate(responses[a])) / 4
-        expected.append(th - eta * grad)
+    expected = [reinforce_step(theta, responses[a], adv, eta) for a, theta in zip(["alice", "bob"], thetas)]
     trainer.model.train()
     trainer.learn(tree)
     for policy, exp in zip(policies, expected):

@@ -18,22 +18,10 @@ from transformers import PretrainedConfig
 
 from trl_collm import MultiAgentPPOConfig, MultiAgentPPOTrainer
 from trl_collm.rollout import AgentTurn, Rollout
-from trl_collm.team import Generation
 from trl_collm.testing import build_tokenizer
 
-V = 7  # toy vocabulary size
+from toy import ConstantPolicy, generation, reinforce_step
 
-
-class ConstantPolicy(nn.Module):
-    def __init__(self, theta):
-        super().__init__()
-        self.theta = nn.Parameter(torch.tensor(theta, dtype=torch.float32))
-        self.config = PretrainedConfig(hidden_size=1, pad_token_id=0, eos_token_id=1)
-
-    def forward(self, input_ids, logits_to_keep=0, **kwargs):
-        b, length = input_ids.shape
-        keep = logits_to_keep or length
-        return types.SimpleNamespace(logits=self.theta.expand(b, keep, V))
 
 
 class _OnesBody(nn.Module):
@@ -52,18 +40,6 @@ class ConstantCritic(nn.Module):
             self.score.weight.fill_(w)
             self.score.bias.fill_(b)
         self.config = PretrainedConfig(hidden_size=1, pad_token_id=0, num_labels=1)
-
-
-def _generation(responses):
-    """Fixed prompts/responses: response_ids rows right-padded with 0, mask marks real tokens."""
-    width = max(len(r) for r in responses)
-    ids = torch.zeros(len(responses), width, dtype=torch.long)
-    mask = torch.zeros(len(responses), width, dtype=torch.bool)
-    for k, r in enumerate(responses):
-        ids[k, : len(r)] = torch.tensor(r)
-        mask[k, : len(r)] = True
-    q = torch.full((len(responses), 2), 5, dtype=torch.long)
-    return Generation(q, torch.ones_like(q), ids, mask, [str(r) for r in responses], torch.zeros(len(responses), dtype=torch.bool))
 
 
 def test_collm_preset_matches_analytic_gradient(tmp_path):
@@ -91,7 +67,7 @@ def test_collm_preset_matches_analytic_gradient(tmp_path):
     rewards = torch.tensor([1.0, 0.0, 2.0, 0.5])
     responses = {"alice": [[2, 3], [4], [2, 2, 6], [5, 3]], "bob": [[1], [3, 4], [6, 6], [2]]}
     turn = {
-        a: AgentTurn(a, 0, torch.arange(4), ["p"] * 4, [f"{a} prompt {k}" for k in range(4)], _generation(responses[a]))
+        a: AgentTurn(a, 0, torch.arange(4), ["p"] * 4, [f"{a} prompt {k}" for k in range(4)], generation(responses[a]))
         for a in responses
     }
     roll = Rollout(["alice", "bob"], [{}] * 4, [turn], rewards.view(4, 1, 1).expand(4, 1, 2).clone(), torch.ones(4, 1, dtype=torch.bool))
@@ -100,16 +76,7 @@ def test_collm_preset_matches_analytic_gradient(tmp_path):
     v0 = w0 + b0
     delta = rewards - v0  # one turn: V(next) = 0
     adv = (delta - delta.mean()) / delta.std(unbiased=False).clamp(min=1e-6)
-    expected_theta = []
-    for a, theta in zip(["alice", "bob"], thetas):
-        th = torch.tensor(theta)
-        p = torch.softmax(th, 0)
-        grad = torch.zeros(V)
-        for k, resp in enumerate(responses[a]):
-            counts = torch.bincount(torch.tensor(resp), minlength=V).float()
-            grad += -adv[k] * (counts - len(resp) * p)
-        grad /= 4
-        expected_theta.append(th - eta * grad)
+    expected_theta = [reinforce_step(theta, responses[a], adv, eta) for a, theta in zip(["alice", "bob"], thetas)]
     w, b = w0, b0
     for _ in range(2):  # the shared critic is stepped once per agent
         g = 1.2 * float((w + b - rewards).mean())  # d/dv of 0.6 * mean (v - r)^2, and dv/dw = dv/db = 1

@@ -72,6 +72,30 @@ def _prompts_for(team, observations, episode_ids, histories, agent_context, t):
     return prompts, contexts
 
 
+def _play_turn(team, env, observations, episodes, histories, agent_context, t, turn_ids, generate):
+    """One turn for the given running episodes: prompts -> one batched generation -> env step.
+
+    Returns the turn's AgentTurn per agent (rows indexed by `turn_ids`), the step result, and the ended-turn flags
+    (env done or, via the caller, early termination)."""
+    names = team.names
+    prompts, contexts = _prompts_for(team, observations, episodes, histories, agent_context, t)
+    gens = generate(prompts)
+    turn = {a: AgentTurn(a, t, turn_ids, prompts[a], contexts[a], gens[a]) for a in names}
+    completions = [[gens[a].texts[k] for a in names] for k in range(len(episodes))]
+    for k, e in enumerate(episodes):
+        for i in range(len(names)):
+            histories[e][1][i].append(completions[k][i])
+    step = env.step_batch(completions, episodes, len(names), names)
+    return turn, step
+
+
+def _ended(step, early_termination_threshold: float | None) -> torch.Tensor:
+    done = step.dones.bool().cpu().clone()
+    if early_termination_threshold is not None:
+        done |= step.rewards.float().mean(-1).cpu() > early_termination_threshold
+    return done
+
+
 def run_episodes(
     team: AgentTeam,
     env: MultiAgentEnv,
@@ -87,7 +111,11 @@ def run_episodes(
 ) -> Rollout:
     names = team.names
     n, E = len(names), len(rows)
-    observations = env.reset_batch(rows, n)  # E lists of n observations (validated by the env layer)
+
+    def generate(prompts):
+        return team.generate(prompts, device, gen_kwargs, stop_token_id, generation_batch_size, unwrap)
+
+    observations = env.reset_batch(rows, n, names)  # E lists of n observations (validated by the env layer)
     rewards = torch.zeros(E, num_turns, n)
     turn_mask = torch.zeros(E, num_turns, dtype=torch.bool)
     active = list(range(E))
@@ -97,21 +125,13 @@ def run_episodes(
     for t in range(num_turns):
         if not active:
             break
-        prompts, contexts = _prompts_for(team, observations, active, histories, agent_context, t)
-        gens = team.generate(prompts, device, gen_kwargs, stop_token_id, generation_batch_size, unwrap)
         ids = torch.tensor(active, dtype=torch.long)
-        turns.append({a: AgentTurn(a, t, ids, prompts[a], contexts[a], gens[a]) for a in names})
-        completions = [[gens[a].texts[k] for a in names] for k in range(len(active))]
-        for k, e in enumerate(active):
-            for i in range(n):
-                histories[e][1][i].append(completions[k][i])
-        step = env.step_batch(completions, active, n)
+        turn, step = _play_turn(team, env, observations, active, histories, agent_context, t, ids, generate)
+        turns.append(turn)
         rewards[ids, t] = step.rewards.float().cpu()
         turn_mask[ids, t] = True
         infos.append(list(step.infos))
-        done = step.dones.bool().cpu().clone()
-        if early_termination_threshold is not None:
-            done |= step.rewards.float().mean(-1).cpu() > early_termination_threshold
+        done = _ended(step, early_termination_threshold)
         next_active = []
         for k, e in enumerate(active):
             if not bool(done[k]):
@@ -179,6 +199,10 @@ def run_tree(
     G children: G^T leaves per prompt) or per branch (G independent branches: G*T generations per prompt)."""
     names = team.names
     n, G = len(names), num_generations
+
+    def generate(prompts):
+        return team.generate(prompts, device, gen_kwargs, stop_token_id, generation_batch_size, unwrap)
+
     root_rows = [row for row in rows for _ in range(G)]
     observations = dict(enumerate(env.reset_batch(root_rows, n, names)))
     episodes = list(range(len(root_rows)))
@@ -191,23 +215,14 @@ def run_tree(
     for t in range(num_turns):
         if not episodes:
             break
-        prompts, contexts = _prompts_for(team, observations, episodes, histories, agent_context, t)
-        gens = team.generate(prompts, device, gen_kwargs, stop_token_id, generation_batch_size, unwrap)
-        ids = torch.arange(len(episodes))
-        tree.turns.append({a: AgentTurn(a, t, ids, prompts[a], contexts[a], gens[a]) for a in names})
-        completions = [[gens[a].texts[k] for a in names] for k in range(len(episodes))]
-        for k, e in enumerate(episodes):
-            for i in range(n):
-                histories[e][1][i].append(completions[k][i])
-        step = env.step_batch(completions, episodes, n, names)
+        turn, step = _play_turn(team, env, observations, episodes, histories, agent_context, t, torch.arange(len(episodes)), generate)
+        tree.turns.append(turn)
         rewards = step.rewards.float().cpu()
         tree.rewards.append(rewards)
         tree.parents.append(torch.tensor(parents, dtype=torch.long))
         tree.groups.append(torch.tensor(groups, dtype=torch.long))
         tree.row_index.append(torch.tensor(row_of, dtype=torch.long))
-        done = step.dones.bool().cpu().clone()
-        if early_termination_threshold is not None:
-            done |= rewards.mean(-1) > early_termination_threshold
+        done = _ended(step, early_termination_threshold)
         if t + 1 == num_turns:
             break
         new_episodes, new_parents, new_groups, new_rows = [], [], [], []
