@@ -1,0 +1,163 @@
+"""Train a 2-agent team with DeepSpeed ZeRO-2 / ZeRO-3 (or without: plain one process), on tiny offline models.
+
+    # 2 processes, ZeRO-2 (on a CPU-only machine DeepSpeed selects its CPU accelerator; the trainer uses gloo)
+    accelerate launch --num_processes 2 --mixed_precision no \
+        --config_file trl_collm/accelerate_configs/zero2.yaml examples/ds_train.py --out /tmp/z2
+    # the same global batch in one plain process, for comparison
+    python examples/ds_train.py --out /tmp/ref
+
+Options: --layout separate|shared_base (two models, or two LoRA adapters on one base), --critic centralized|decentralized,
+--global-batch (episodes per iteration over all processes), --iterations. The tiny model is built in $TRL_COLLM_CACHE
+(build it before launching several processes). Rollouts are greedy by default (--sample to sample): with sampling,
+each rank draws from its own RNG stream, so a 2-process run cannot reproduce the 1-process samples.
+
+Writes <out>/metrics.json (rank 0): per iteration, every metric averaged over the processes; and the fingerprint
+(sum, abs-sum in float64) of each agent's trained parameters at the end, gathered from all ranks under ZeRO-3.
+Saves the team to <out>/team.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import torch  # noqa: E402
+
+PROMPTS = [
+    "count one and", "two plus three is", "the team writes the plan", "def aux(x): return x",
+    "write a short story about", "the critic gives a value to", "agent one checks the code and", "red wool",
+    "the value of the plan", "one and two and", "def main(a, b): return", "the agents agree on",
+]
+
+
+def varied_reward(prompts, completions, **kwargs):
+    """Joint reward that differs between episodes (so advantages are not all zero, even for greedy rollouts)."""
+    return [float(len(c[0]) % 3) + 0.5 * float(len(c[-1]) % 2) for c in completions]
+
+
+def fingerprints(trainer) -> dict:
+    """Per agent: (sum, abs-sum) of its trained parameters, float64. Collective under ZeRO-3 (all ranks gather)."""
+    from trl_collm.trainers import distributed
+
+    params = list(trainer.model.parameters())
+    ctx = torch.no_grad()
+    if distributed.zero_stage(trainer) == 3:
+        import deepspeed
+
+        ctx = deepspeed.zero.GatheredParameters(params)
+    out = {}
+    with ctx:
+        for a in trainer.team.names:
+            ps = trainer.team.agent_parameters(a)
+            out[a] = [float(sum(p.detach().double().sum() for p in ps)), float(sum(p.detach().double().abs().sum() for p in ps))]
+    return out
+
+
+def averaged_history(trainer) -> list[dict]:
+    """Every metric of every iteration, averaged over the processes (each rank holds an equal share of the batch)."""
+    history = trainer._metrics_history
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return history
+    world = torch.distributed.get_world_size()
+    keys = sorted(k for k, v in history[0].items() if isinstance(v, (int, float)))
+    values = torch.tensor([[float(m.get(k, 0.0)) for k in keys] for m in history], dtype=torch.float64)
+    torch.distributed.all_reduce(values)
+    values /= world
+    return [dict(zip(keys, row.tolist())) for row in values]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--trainer", choices=["ppo", "mc"], default="ppo", help="MultiAgentPPOTrainer or MultiAgentMCTrainer")
+    parser.add_argument("--layout", choices=["separate", "shared_base"], default="separate")
+    parser.add_argument("--critic", choices=["centralized", "decentralized"], default="centralized")
+    parser.add_argument("--global-batch", type=int, default=4)
+    parser.add_argument("--iterations", type=int, default=3)
+    parser.add_argument("--sample", action="store_true", help="sample the rollouts instead of greedy decoding")
+    parser.add_argument("--seed", type=int, default=0)
+    cli = parser.parse_args()
+
+    torch.set_num_threads(1)
+    from datasets import Dataset
+
+    from trl_collm import MultiAgentMCConfig, MultiAgentMCTrainer, MultiAgentPPOConfig, MultiAgentPPOTrainer
+    from trl_collm.testing import tiny_model_dir
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if cli.global_batch % world:
+        raise SystemExit(f"--global-batch {cli.global_batch} must be a multiple of the {world} processes")
+    model_path = tiny_model_dir("tiny-qwen2")
+    common = dict(
+        output_dir=cli.out,
+        num_agents=2,
+        per_device_train_batch_size=cli.global_batch // world,  # one micro-batch per rank per minibatch
+        num_mini_batches=1,
+        total_episodes=cli.global_batch * cli.iterations,
+        response_length=6,
+        learning_rate=1e-3,
+        grad_clip_scope="global",  # DeepSpeed clips the global norm only
+        max_grad_norm=1.0,
+        bf16=False,
+        report_to=[],
+        save_strategy="no",
+        num_sample_generations=0,
+        disable_tqdm=True,
+        logging_steps=1,
+        seed=cli.seed,
+    )
+    if cli.trainer == "mc":
+        args = MultiAgentMCConfig(num_generations=2, **common)
+    else:
+        args = MultiAgentPPOConfig(
+            critic_type=cli.critic,
+            num_ppo_epochs=2,
+            kl_coef=0.05,  # exercises the reference policies (frozen copies / the base with adapters off)
+            # Per-rank whitening (TRL's PPO semantics) would differ from whitening the whole batch in one process.
+            advantage_norm_scope="none",
+            **common,
+        )
+    peft_config = None
+    if cli.layout == "shared_base":
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
+    trainer_cls = MultiAgentMCTrainer if cli.trainer == "mc" else MultiAgentPPOTrainer
+    trainer = trainer_cls(
+        args=args, model=model_path, peft_config=peft_config, reward_funcs=varied_reward,
+        # Exactly one global batch of rows: every iteration plays the same episodes whatever the process count
+        # (the shuffled order differs between 1 process and accelerate's sharded loader, the set of rows does not).
+        train_dataset=Dataset.from_dict({"prompt": PROMPTS[: cli.global_batch]}),
+    )
+    if not cli.sample:
+        sampled = trainer.generation_kwargs
+        trainer.generation_kwargs = lambda greedy=False: sampled(greedy=True)
+    trainer.train()
+    team_dir = os.path.join(cli.out, "team")
+    trainer.save_model(team_dir)
+    history = averaged_history(trainer)
+    prints = fingerprints(trainer)
+    if trainer.is_world_process_zero():
+        info = {
+            "world_size": trainer.accelerator.num_processes,
+            "distributed_type": str(trainer.accelerator.distributed_type),
+            "zero_stage": __import__("trl_collm.trainers.distributed", fromlist=["zero_stage"]).zero_stage(trainer),
+            "layout": cli.layout,
+            "critic": cli.critic,
+            "history": history,
+            "fingerprints": prints,
+            "team_dir": team_dir,
+        }
+        with open(os.path.join(cli.out, "metrics.json"), "w") as f:
+            json.dump(info, f, indent=1)
+    trainer.accelerator.wait_for_everyone()
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()  # ZeRO-3 may abort at exit otherwise
+
+
+if __name__ == "__main__":
+    main()

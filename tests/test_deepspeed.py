@@ -1,0 +1,203 @@
+"""Multi-agent training under DeepSpeed ZeRO-2 / ZeRO-3 with `accelerate launch --num_processes 2`, on CPU.
+
+Each case launches `examples/ds_train.py` twice as subprocesses: once with 2 processes under DeepSpeed, once as one
+plain process with the same global batch and seed. Rollouts are greedy (sampling would draw each rank's samples
+from its own RNG stream) and the dataset is exactly one global batch, so both runs play the same episodes; the
+per-iteration metrics (averaged over the ranks) must then match within `RTOL`/`ATOL`, and so must the final weights.
+The saved team must reload with transformers / PEFT and hold the weights that the run had (gathered under ZeRO-3).
+
+Measured on CPU (fp32, gloo): the trajectories agree to ~1e-6 relative, the final weights' sums to ~1e-8 relative.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("deepspeed", reason="DeepSpeed is not installed (pip install 'trl-collm[deepspeed]')")
+
+pytestmark = pytest.mark.deepspeed
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "examples" / "ds_train.py"
+CONFIGS = ROOT / "trl_collm" / "accelerate_configs"
+METRICS = ["objective/scores", "loss/policy_avg", "loss/value_avg", "objective/kl", "policy/entropy_avg"]
+RTOL, ATOL = 1e-4, 1e-5  # trajectory tolerance (observed differences are ~1e-6 relative: summation order across ranks)
+WEIGHT_RTOL = 1e-6  # final parameter sums, DeepSpeed run vs one process
+TIMEOUT = 300
+
+
+def _free_port() -> str:
+    import socket
+
+    with socket.socket() as sock:  # a fresh port per launch: no reuse of a previous run's rendezvous port
+        sock.bind(("127.0.0.1", 0))
+        return str(sock.getsockname()[1])
+
+
+def _env(cache: Path) -> dict:
+    env = dict(os.environ)
+    env.update(TRL_COLLM_CACHE=str(cache), HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1")
+    for key in ("ACCELERATE_USE_CPU", "ACCELERATE_USE_DEEPSPEED", "WORLD_SIZE", "RANK", "LOCAL_RANK"):
+        env.pop(key, None)  # use_cpu would drop DeepSpeed; stale rank variables would confuse the launcher
+    return env
+
+
+def _run(cmd: list[str], cache: Path, out: Path) -> dict:
+    proc = subprocess.run(cmd, cwd=ROOT, env=_env(cache), capture_output=True, text=True, timeout=TIMEOUT)
+    if proc.returncode != 0:
+        pytest.fail(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
+    with open(out / "metrics.json") as f:
+        return json.load(f)
+
+
+def _launch(stage: int, layout: str, critic: str, tmp: Path, cache: Path) -> dict:
+    out = tmp / f"zero{stage}"
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2", "--num_machines", "1",
+           "--mixed_precision", "no", "--main_process_port", _free_port(),
+           "--config_file", str(CONFIGS / f"zero{stage}.yaml"),
+           str(SCRIPT), "--out", str(out), "--layout", layout, "--critic", critic]
+    return _run(cmd, cache, out)
+
+
+def _single(layout: str, critic: str, tmp: Path, cache: Path) -> dict:
+    out = tmp / "single"
+    return _run([sys.executable, str(SCRIPT), "--out", str(out), "--layout", layout, "--critic", critic], cache, out)
+
+
+def _close(a: float, b: float, rtol: float, atol: float = 0.0) -> bool:
+    return math.isclose(a, b, rel_tol=rtol, abs_tol=atol)
+
+
+def _reloaded_fingerprints(team_dir: Path, layout: str, base_path: str) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    team = json.loads((team_dir / "team.json").read_text())
+    out = {}
+    for a in team["agents"]:
+        folder = team_dir / team["agent_folders"][a]
+        if layout == "separate":
+            params = [p for p in AutoModelForCausalLM.from_pretrained(folder).parameters()]
+        else:
+            from peft import PeftModel
+
+            model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base_path), folder)
+            params = [p for n, p in model.named_parameters() if "lora_" in n]
+            assert params, f"no LoRA weights reloaded from {folder}"
+        with torch.no_grad():
+            out[a] = [float(sum(p.double().sum() for p in params)), float(sum(p.double().abs().sum() for p in params))]
+    critic = team.get("critic")
+    if critic:
+        for key, unit in critic["units"].items():
+            folder = team_dir / unit["folder"]
+            if unit["placement"] == "separate":
+                from transformers import AutoModelForSequenceClassification
+
+                AutoModelForSequenceClassification.from_pretrained(folder)
+            else:
+                assert (folder / "value_head.safetensors").is_file()
+    return out
+
+
+CASES = [
+    pytest.param(2, "separate", "centralized", id="zero2-cc-separate"),
+    pytest.param(3, "separate", "decentralized", id="zero3-dc-separate"),
+    pytest.param(2, "shared_base", "decentralized", id="zero2-dc-lora"),
+    pytest.param(3, "shared_base", "centralized", id="zero3-cc-lora"),
+]
+
+
+@pytest.mark.timeout(2 * TIMEOUT)
+@pytest.mark.parametrize("stage,layout,critic", CASES)
+def test_deepspeed_matches_single_process(stage, layout, critic, tmp_path, model_cache):
+    from trl_collm.testing import tiny_model_dir
+
+    base_path = tiny_model_dir("tiny-qwen2")  # built here, before any child process starts
+    ds = _launch(stage, layout, critic, tmp_path, model_cache)
+    ref = _single(layout, critic, tmp_path, model_cache)
+
+    assert ds["world_size"] == 2 and ds["zero_stage"] == stage and "DEEPSPEED" in ds["distributed_type"]
+    assert ref["world_size"] == 1 and ref["zero_stage"] == -1
+    assert len(ds["history"]) == len(ref["history"]) == 3
+    for it, (h_ds, h_ref) in enumerate(zip(ds["history"], ref["history"])):
+        for key in METRICS:
+            assert key in h_ds and key in h_ref, key
+            assert _close(h_ds[key], h_ref[key], RTOL, ATOL), f"iteration {it + 1} {key}: zero{stage} {h_ds[key]} vs 1 process {h_ref[key]}"
+    # Training moved the weights, identically in both runs.
+    for a, (s, abs_s) in ds["fingerprints"].items():
+        r, abs_r = ref["fingerprints"][a]
+        assert _close(s, r, WEIGHT_RTOL, 1e-6) and _close(abs_s, abs_r, WEIGHT_RTOL), (a, ds["fingerprints"], ref["fingerprints"])
+    assert any(abs(h["loss/policy_avg"]) > 0 for h in ds["history"])
+
+    # The saved team reloads and holds exactly the weights the DeepSpeed run had (gathered from both ranks at ZeRO-3).
+    reloaded = _reloaded_fingerprints(Path(ds["team_dir"]), layout, base_path)
+    for a, (s, abs_s) in ds["fingerprints"].items():
+        assert _close(reloaded[a][0], s, 1e-9, 1e-9) and _close(reloaded[a][1], abs_s, 1e-9), (a, reloaded[a], (s, abs_s))
+
+
+@pytest.mark.timeout(2 * TIMEOUT)
+def test_two_cpu_processes_without_deepspeed_match_single_process(tmp_path, model_cache):
+    """Plain multi-process data parallel (no DeepSpeed): gradients are averaged across the ranks once per step."""
+    from trl_collm.testing import tiny_model_dir
+
+    tiny_model_dir("tiny-qwen2")
+    out = tmp_path / "ddp"
+    env_cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+               "--master_port", _free_port(), str(SCRIPT), "--out", str(out)]
+    env = dict(_env(model_cache), ACCELERATE_USE_CPU="true")  # accelerate's multi-CPU (gloo) state, this run only
+    proc = subprocess.run(env_cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    ddp = json.loads((out / "metrics.json").read_text())
+    ref = _single("separate", "centralized", tmp_path, model_cache)
+    assert ddp["world_size"] == 2 and ddp["zero_stage"] == -1
+    for h_ddp, h_ref in zip(ddp["history"], ref["history"]):
+        for key in METRICS:
+            assert _close(h_ddp[key], h_ref[key], RTOL, ATOL), (key, h_ddp[key], h_ref[key])
+    for a, (s, abs_s) in ddp["fingerprints"].items():
+        assert _close(s, ref["fingerprints"][a][0], WEIGHT_RTOL, 1e-6) and _close(abs_s, ref["fingerprints"][a][1], WEIGHT_RTOL)
+
+
+def test_deepspeed_argument_errors(monkeypatch):
+    """Settings that cannot work under DeepSpeed fail early, naming the argument."""
+    from types import SimpleNamespace
+
+    from trl_collm.trainers import distributed
+
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    monkeypatch.delenv("ACCELERATE_USE_CPU", raising=False)
+    args = SimpleNamespace(use_cpu=True, grad_clip_scope="global", max_grad_norm=1.0, ddp_backend=None)
+    with pytest.raises(ValueError, match="use_cpu"):
+        distributed.prepare_args_for_deepspeed(args)
+    args = SimpleNamespace(use_cpu=False, grad_clip_scope="per_module", max_grad_norm=1.0, ddp_backend=None)
+    with pytest.raises(ValueError, match="grad_clip_scope='per_module'"):
+        distributed.prepare_args_for_deepspeed(args)
+    monkeypatch.delenv("ACCELERATE_USE_DEEPSPEED")
+    distributed.prepare_args_for_deepspeed(args)  # no DeepSpeed: nothing to check
+
+
+@pytest.mark.timeout(2 * TIMEOUT)
+def test_mc_trainer_zero3_shared_base_runs_and_saves(tmp_path, model_cache):
+    """MultiAgentMCTrainer (critic-free, sampled groups) under ZeRO-3 on a shared-base LoRA team: it trains, and the
+    saved adapters reload with the weights the run had. (Sampled, so not compared with one process.)"""
+    from trl_collm.testing import tiny_model_dir
+
+    base_path = tiny_model_dir("tiny-qwen2")
+    out = tmp_path / "zero3"
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2", "--num_machines", "1",
+           "--mixed_precision", "no", "--main_process_port", _free_port(),
+           "--config_file", str(CONFIGS / "zero3.yaml"),
+           str(SCRIPT), "--out", str(out), "--trainer", "mc", "--sample", "--layout", "shared_base"]
+    ds = _run(cmd, model_cache, out)
+    assert ds["world_size"] == 2 and ds["zero_stage"] == 3 and len(ds["history"]) == 3
+    assert all(math.isfinite(h["loss/policy_avg"]) for h in ds["history"])
+    reloaded = _reloaded_fingerprints(Path(ds["team_dir"]), "shared_base", base_path)
+    for a, (s, abs_s) in ds["fingerprints"].items():
+        assert _close(reloaded[a][0], s, 1e-9, 1e-9) and _close(reloaded[a][1], abs_s, 1e-9)
+        assert abs_s > 0  # LoRA B starts at zero: a non-zero adapter was trained
