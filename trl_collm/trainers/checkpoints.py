@@ -58,7 +58,8 @@ def save_checkpoint(trainer, output_dir: str) -> str:
     torch.save(
         {
             "params": trainable_state(trainer.model),
-            "optimizer": trainer.optimizer.state_dict(),
+            # ZeRO shards the optimizer state across ranks: a rank-0 copy could not resume, so none is kept.
+            "optimizer": None if trainer.is_deepspeed_enabled else trainer.optimizer.state_dict(),
             "scheduler": trainer.lr_scheduler.state_dict() if trainer.lr_scheduler is not None else None,
             "rng": _rng_state(),
             "global_step": step,
@@ -123,6 +124,11 @@ def resolve(resume_from_checkpoint, output_dir: str) -> str | None:
 def load_checkpoint(trainer, path: str) -> dict:
     """Restore parameters, optimizer, scheduler, RNG and counters; returns the saved state."""
     state = torch.load(os.path.join(path, STATE_FILE), map_location="cpu", weights_only=False)
+    if trainer.is_deepspeed_enabled or state["optimizer"] is None:
+        raise ValueError(
+            "`resume_from_checkpoint` is not supported under DeepSpeed yet (ZeRO shards the optimizer state); the "
+            f"checkpoint's team in {path!r} loads as a model folder, or resume without DeepSpeed from a non-DeepSpeed run."
+        )
     params = dict(trainer.model.named_parameters())
     missing = [n for n in state["params"] if n not in params]
     if missing:
