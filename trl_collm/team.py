@@ -188,8 +188,6 @@ class AgentTeam(nn.Module):
         texts = [
             tok.decode(r[m & (r != stop)].tolist(), skip_special_tokens=True) for r, m in zip(response_ids, response_mask)
         ]
-        if response_ids.shape[1] == 0:
-            response_mask = response_mask.bool()
         return Generation(query_ids, query_mask, response_ids, response_mask, texts, ended)
 
     # ------------------------------------------------------------------ log-probs
