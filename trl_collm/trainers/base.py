@@ -36,7 +36,8 @@ def build_env(env, reward_funcs, reward_model, prompt_formatters, args, team) ->
             raise ValueError("Pass either `env` (which computes rewards) or `reward_funcs`/`reward_model`, not both.")
         if not isinstance(env, MultiAgentEnv):
             raise TypeError(f"`env` must be a trl_collm.MultiAgentEnv, got {type(env).__name__}.")
-        check_agent_names(env, names) if getattr(env, "agent_names", None) else None
+        if getattr(env, "agent_names", None):
+            check_agent_names(env, names)
         return env
     funcs = [] if reward_funcs is None else (list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs])
     if reward_model is not None:
@@ -280,7 +281,8 @@ class TeamTrainerBase(_BaseTrainer):
         if args.stop_token_id is not None:
             kwargs["eos_token_id"] = args.stop_token_id
         if greedy:
-            kwargs.pop("temperature"), kwargs.pop("top_p"), kwargs.pop("top_k")
+            for key in ("temperature", "top_p", "top_k"):  # sampling settings make generate() warn under greedy
+                kwargs.pop(key)
         return kwargs
 
     def _unwrap_for_generation(self):
@@ -396,7 +398,8 @@ class TeamTrainerBase(_BaseTrainer):
             totals["turns"] += float(roll.turn_mask.sum())
             count += len(rows)
         metrics = {f"{metric_key_prefix}_{k}": v / count for k, v in totals.items()}
-        self.log(metrics) if getattr(self, "state", None) is not None else None
+        if getattr(self, "state", None) is not None:
+            self.log(metrics)
         return metrics
 
     @torch.no_grad()
