@@ -113,7 +113,7 @@ class _RecordingTokenizer:
         self.texts = []
 
     def __call__(self, text, *args, **kwargs):
-        self.texts.append(text)
+        self.texts.extend([text] if isinstance(text, str) else text)  # one text or a batch of them
         return self._tok(text, *args, **kwargs)
 
     def __getattr__(self, name):
@@ -506,3 +506,58 @@ def test_token_level_advantages_dc(tmp_path, make_config, prompts_dataset, qwen_
     out = tr.train()
     assert_all_trained(tr, agents_before, critics_before)
     assert_finite_metrics(out.metrics, ["loss/policy_avg", "loss/value_avg", "critic/agent_0/loss", "critic/agent_1/loss"])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The deferred old-log-prob pass (one epoch, one minibatch) gives the same training as the scoring pass
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("overrides", [
+    dict(preset="collm", critic_type="centralized"),  # REINFORCE rule, per-agent schedule
+    dict(critic_type="decentralized", num_ppo_epochs=1, policy_loss_type="ppo", kl_coef=0.0),  # PPO clip, joint
+])
+def test_deferred_old_logprobs_match_the_scoring_pass(tmp_path, make_config, prompts_dataset, qwen_path, overrides):
+    """Skipping the scoring forward must not change a single update: same weights and the same logged metrics as a
+    run forced through the scoring pass (`_force_old_logprob_pass`), and the trainer really took the short path."""
+    runs = []
+    for force in (False, True):
+        args = make_config(tmp_path / str(force), learning_rate=1e-2, **overrides)
+        trainer = MultiAgentPPOTrainer(args=args, model=[qwen_path, qwen_path], train_dataset=prompts_dataset,
+                                       reward_funcs=varied_reward)
+        trainer._force_old_logprob_pass = force
+        assert trainer._defer_old_logprobs() is (not force)
+        before = agent_snapshots(trainer), critic_snapshots(trainer)
+        calls = []
+        original = trainer.team.logprobs
+        trainer.team.logprobs = lambda *a, **k: calls.append(torch.is_grad_enabled()) or original(*a, **k)
+        trainer.train()
+        logged = [h for h in trainer.state.log_history if "objective/entropy" in h]
+        assert_all_trained(trainer, *before)  # the comparison below is between runs that really learned
+        runs.append((agent_snapshots(trainer), critic_snapshots(trainer), logged, calls))
+    (agents_d, critics_d, logs_d, calls_d), (agents_s, critics_s, logs_s, calls_s) = runs
+    # 2 iterations x 2 agents: the short path makes only the update's forwards (with grad); the long one twice as many.
+    assert calls_d == [True] * 4 and len(calls_s) == 8 and calls_s.count(False) == 4
+    for a in agents_d:
+        for x, y in zip(agents_d[a], agents_s[a]):
+            torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-6)
+    for k in critics_d:
+        for x, y in zip(critics_d[k], critics_s[k]):
+            torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-6)
+    assert len(logs_d) == len(logs_s) == 2
+    for hd, hs in zip(logs_d, logs_s):
+        for key in ("objective/entropy", "policy/approxkl_avg", "val/ratio", "loss/policy_avg", "objective/scores"):
+            assert hd[key] == pytest.approx(hs[key], rel=1e-4, abs=1e-6), key
+    assert logs_d[0]["objective/entropy"] > 0
+
+
+def test_old_logprob_pass_is_kept_when_weights_move_before_the_agents_forward(tmp_path, make_config, prompts_dataset, qwen_path):
+    """Several epochs, or a centralized critic head on an actor's backbone under the per-agent schedule (agent 1's
+    critic step moves agent 2's backbone first), need the scoring pass."""
+    cases = [dict(num_ppo_epochs=2), dict(num_ppo_epochs=1, num_mini_batches=2),
+             dict(preset="collm", critic_placement="actor_head", critic_backbone_agent="player_2")]
+    for i, overrides in enumerate(cases):
+        args = make_config(tmp_path / str(i), agent_names=["player_1", "player_2"], **overrides)
+        trainer = MultiAgentPPOTrainer(args=args, model=[qwen_path, qwen_path], train_dataset=prompts_dataset,
+                                       reward_funcs=varied_reward)
+        assert trainer._defer_old_logprobs() is False, overrides

@@ -21,6 +21,21 @@ def peak_rss_mib() -> float:
     return rss / (1024 * 1024) if sys.platform == "darwin" else rss / 1024
 
 
+def peak_gpu_mib() -> float | None:
+    """Peak memory the process allocated on the GPU (torch's allocator), or None on CPU runs."""
+    import torch
+
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return None
+    return torch.cuda.max_memory_allocated() / 2**20
+
+
+def device_name(device: str) -> str:
+    import torch
+
+    return torch.cuda.get_device_name(0) if device == "cuda" else "cpu"
+
+
 def seed_everything(seed: int) -> None:
     import numpy as np
     import torch
@@ -70,6 +85,7 @@ def common_args(p):
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where both libraries put every model")
     p.add_argument("--tail", type=float, default=0.25, help="final reward = mean over this last fraction of episodes")
     return p
 
@@ -77,6 +93,11 @@ def common_args(p):
 def check_args(opts) -> None:
     if opts.algo == "mc" and opts.batch % opts.num_generations:
         raise SystemExit(f"--batch {opts.batch} must be a multiple of --num-generations {opts.num_generations} for MC")
+    if opts.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise SystemExit("--device cuda but torch sees no GPU")
     if opts.episodes % opts.batch:
         raise SystemExit(f"--episodes {opts.episodes} must be a multiple of --batch {opts.batch}")
 

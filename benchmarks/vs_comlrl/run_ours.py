@@ -51,7 +51,7 @@ def main(argv=None) -> int:
             output_dir=out_dir, agent_names=["player_1", "player_2"], learning_rate=opts.lr, weight_decay=0.01,
             response_length=opts.max_new_tokens, temperature=opts.temperature, top_p=opts.top_p, top_k=opts.top_k,
             stop_token_id=len(tok),  # never sampled: responses always run to response_length
-            num_train_epochs=1, use_cpu=True, bf16=False, report_to=[], save_strategy="no", logging_steps=1,
+            num_train_epochs=1, use_cpu=opts.device == "cpu", bf16=False, report_to=[], save_strategy="no", logging_steps=1,
             num_sample_generations=0, seed=opts.seed, disable_tqdm=True,
         )
         t_build = time.perf_counter()
@@ -92,7 +92,8 @@ def main(argv=None) -> int:
         episodes=episodes, train_s=train_s, build_s=t_build,
         episodes_per_s=episodes / train_s, gen_tokens=counter.tokens, gen_calls=counter.calls,
         gen_tokens_per_s=counter.tokens / train_s, generate_s=counter.seconds,
-        peak_rss_mib=common.peak_rss_mib(), settings=vars(opts), **log.summary(opts.tail),
+        peak_rss_mib=common.peak_rss_mib(), peak_gpu_mib=common.peak_gpu_mib(), device=common.device_name(opts.device),
+        settings=vars(opts), **log.summary(opts.tail),
     )
     common.emit(result)
     return 0

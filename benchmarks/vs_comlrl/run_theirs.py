@@ -54,6 +54,7 @@ def main(argv=None) -> int:
                 max_new_tokens=opts.max_new_tokens, temperature=opts.temperature, top_p=opts.top_p, top_k=opts.top_k,
                 num_train_epochs=1, num_agents=2, num_generations=1, num_turns=1, discount=1.0, critic_type="v",
                 eval_interval=0, early_termination_threshold=None,
+                agent_devices=opts.device, critic_devices=opts.device,  # one device for all, as ours
             )
             ds = Dataset.from_dict(task.dataset_rows(rows))
             if opts.algo == "cc":
@@ -77,7 +78,7 @@ def main(argv=None) -> int:
             args = MAGRPOConfig(
                 num_train_epochs=1, agent_learning_rate=opts.lr, num_agents=2, num_generations=g,
                 max_new_tokens=opts.max_new_tokens, temperature=opts.temperature, top_p=opts.top_p, top_k=opts.top_k,
-                num_turns=1, eval_interval=0, early_termination_threshold=None,
+                num_turns=1, eval_interval=0, early_termination_threshold=None, agent_devices=opts.device,
                 rollout_buffer_size=opts.batch // g,  # prompts per optimizer step (each with G samples per agent)
                 logging_steps=10**9,
             )
@@ -103,7 +104,8 @@ def main(argv=None) -> int:
         episodes=episodes, train_s=train_s, build_s=t_build,
         episodes_per_s=episodes / train_s, gen_tokens=counter.tokens, gen_calls=counter.calls,
         gen_tokens_per_s=counter.tokens / train_s, generate_s=counter.seconds,
-        peak_rss_mib=common.peak_rss_mib(), env_steps=int(getattr(trainer, "env_step", -1)),
+        peak_rss_mib=common.peak_rss_mib(), peak_gpu_mib=common.peak_gpu_mib(), device=common.device_name(opts.device),
+        env_steps=int(getattr(trainer, "env_step", -1)),
         settings=vars(opts), **log.summary(opts.tail),
     )
     common.emit(result)

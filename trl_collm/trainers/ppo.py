@@ -35,6 +35,7 @@ class CriticBatch:
     old_values: torch.Tensor | None = None  # (B, k) turn-level or (B, Lr) token-level
     returns: torch.Tensor | None = None
     mask: torch.Tensor | None = None  # (B, Lr) token-level
+    view_ids: list[list[int]] | None = None  # the views tokenized by the critic (filled on first use)
 
 
 class MultiAgentPPOTrainer(TeamTrainerBase):
@@ -94,10 +95,11 @@ class MultiAgentPPOTrainer(TeamTrainerBase):
     def _critic_forward(self, cb: CriticBatch, rows: torch.Tensor | None = None) -> torch.Tensor:
         """Values (B, k) at the end of the view (turn-level) or (B, Lr) per response token (token-level)."""
         unit = self.critic.units[cb.key]
+        if cb.view_ids is None:  # tokenized once per iteration: the scoring pass and every update step reuse it
+            cb.view_ids = unit.tokenize(cb.views)
         sel = range(len(cb.views)) if rows is None else rows.tolist()
-        views = [cb.views[i] for i in sel]
         suffix = [cb.suffix_ids[i] for i in sel] if cb.suffix_ids is not None else None
-        ids, mask = unit.encode(views, self.accelerator.device, suffix_ids=suffix)
+        ids, mask = unit.pad([cb.view_ids[i] for i in sel], self.accelerator.device, suffix_ids=suffix)
         values = unit(ids, mask)  # (B, L, k)
         if suffix is None:
             return values[:, -1, :]
@@ -119,13 +121,21 @@ class MultiAgentPPOTrainer(TeamTrainerBase):
         kl_seq = torch.zeros(E, T, n)
         logp_seq = torch.zeros(E, T, n)
         chunk = args.local_rollout_forward_batch_size
+        defer = self._defer_old_logprobs()
         for t, turn in enumerate(roll.turns):
             for i, a in enumerate(names):
                 at = turn[a]
                 g = at.gen
+                stats[f"{a}/num_eos_tokens"].append(float(g.ended.float().sum()))
+                stats[f"{a}/response_length"].append(float(g.response_mask.float().sum(-1).mean()))
+                if args.missing_eos_penalty is not None:
+                    rewards[at.episode_ids, t, i] -= args.missing_eos_penalty * (~g.ended).float().cpu()
+                at.ref_logprobs = None
+                if defer:  # filled by the update's own forward (see _defer_old_logprobs)
+                    at.old_logprobs = None
+                    continue
                 old = _chunked(lambda s: team.logprobs(a, g.query_ids[s], g.query_mask[s], g.response_ids[s], g.response_mask[s], temp)[0], len(at.episode_ids), chunk)
                 at.old_logprobs = old
-                at.ref_logprobs = None
                 if args.kl_coef != 0 and team.has_reference(a):
                     ref = _chunked(lambda s: team.logprobs(a, g.query_ids[s], g.query_mask[s], g.response_ids[s], g.response_mask[s], temp, reference=True)[0], len(at.episode_ids), chunk)
                     at.ref_logprobs = ref
@@ -133,10 +143,6 @@ class MultiAgentPPOTrainer(TeamTrainerBase):
                     at.kl = kl
                     kl_seq[at.episode_ids, t, i] = kl.sum(-1).cpu()
                 logp_seq[at.episode_ids, t, i] = old.sum(-1).cpu()
-                if args.missing_eos_penalty is not None:
-                    rewards[at.episode_ids, t, i] -= args.missing_eos_penalty * (~g.ended).float().cpu()
-                stats[f"{a}/num_eos_tokens"].append(float(g.ended.float().sum()))
-                stats[f"{a}/response_length"].append(float(g.response_mask.float().sum(-1).mean()))
         scores = rewards.clone()  # environment reward after the EOS penalty, before KL
         cbs = self.critic_batches(roll)
         if token:
@@ -146,7 +152,7 @@ class MultiAgentPPOTrainer(TeamTrainerBase):
         ep_return = (roll.rewards * roll.turn_mask.unsqueeze(-1)).sum(1)  # (E, n)
         metrics = {
             "objective/kl": float(kl_seq.sum((1, 2)).mean()),
-            "objective/entropy": float((-logp_seq).sum((1, 2)).mean()),
+            "objective/entropy": None if defer else float((-logp_seq).sum((1, 2)).mean()),
             "objective/non_score_reward": float((-args.kl_coef * kl_seq).sum((1, 2)).mean()),
             "objective/scores": float((scores * roll.turn_mask.unsqueeze(-1)).sum(1).mean()),
             "objective/rlhf_reward": float((scores * roll.turn_mask.unsqueeze(-1)).sum(1).mean() - args.kl_coef * kl_seq.sum((1, 2)).mean()),
@@ -249,8 +255,33 @@ class MultiAgentPPOTrainer(TeamTrainerBase):
             self.value_rms.update(self._stats["returns"])
         self.model.train()
         metrics.update(self.update(roll, cbs))
+        if metrics["objective/entropy"] is None:  # deferred: the update filled the old log-probs
+            metrics["objective/entropy"] = float(sum(-roll.turns[t][a].old_logprobs.sum() for t in range(len(roll.turns))
+                                                     for a in self.team.names)) / roll.num_episodes
         metrics.update(self._critic_diagnostics(roll))
         return metrics
+
+    def _defer_old_logprobs(self) -> bool:
+        """Skip the scoring pass's log-prob forward when the update's own forward gives the same numbers.
+
+        That holds when every agent's first forward in the update sees the parameters that sampled its tokens: one
+        epoch, one minibatch (so each row is seen once), and no earlier optimizer step of the iteration touching that
+        agent's weights. With `critic_updates="per_agent"` that rules out several turns (turn t's step changes the
+        weights turn t+1 is scored with) and critic heads on actor backbones (another agent's critic step moves the
+        backbone). Dropout is disabled in every module (base trainer), so eval and train forwards agree. The KL
+        penalty is shaped into the rewards before the update, so it needs the old log-probs up front.
+        The reference rule (`preset="collm"`) qualifies: it saves one forward per agent and turn every iteration.
+        """
+        args = self.args
+        if args.num_ppo_epochs != 1 or args.num_mini_batches != 1 or getattr(self, "_force_old_logprob_pass", False):
+            return False
+        if args.kl_coef != 0 and any(self.team.has_reference(a) for a in self.team.names):
+            return False
+        if args.critic_updates == "per_agent":
+            placements = {u.placement for u in self.critic.units.values()}
+            if args.num_turns > 1 or "actor_head" in placements:
+                return False
+        return True
 
     def update(self, roll: Rollout, cbs: list[CriticBatch]) -> dict:
         args = self.args
@@ -280,6 +311,10 @@ class MultiAgentPPOTrainer(TeamTrainerBase):
         temp = args.temperature if args.scale_logits_by_temperature else 1.0
         mask = g.response_mask[rows]
         new, ent = self.team.logprobs(a, g.query_ids[rows], g.query_mask[rows], g.response_ids[rows], mask, temp, with_entropy=True)
+        if at.old_logprobs is None:  # deferred (see _defer_old_logprobs): this forward is the first with these weights
+            at.old_logprobs, at.old_deferred = torch.zeros(g.response_ids.shape, dtype=new.dtype, device=new.device), True
+        if getattr(at, "old_deferred", False):
+            at.old_logprobs[rows] = new.detach()
         adv = at.advantages[rows].to(new.device)
         if args.policy_loss_type == "reinforce":
             loss = alg.policy_loss_reinforce(new, adv, mask)
