@@ -2,13 +2,16 @@
 
 Layouts:
 - separate: one full model per agent + a full value model as critic (the reference library's structure);
-- lora: one frozen shared base, one LoRA adapter per agent, the critic as one more adapter + a value head.
+- lora: one frozen shared base, one LoRA adapter per agent, the critic as one more adapter + a value head;
+- comlrl: the reference library itself (comlrl 1.4.3's MAACTrainer: n full agents + one full critic), run by
+  benchmarks/vs_comlrl/memory_theirs.py in its own virtualenv (bash benchmarks/vs_comlrl/setup_env.sh first).
 
 Each configuration runs in a fresh subprocess (peak RSS is per process): build the trainer, run one training
 iteration, report the peak RSS and the RSS right after imports (the interpreter + torch baseline).
 
     python benchmarks/bench_memory.py                      # medium models (~45M params), n = 1 2 4 8, both layouts
     python benchmarks/bench_memory.py --size tiny --agents 1 2 --smoke
+    python benchmarks/bench_memory.py --layouts separate lora comlrl   # with the reference library's growth
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import sys
 import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def rss_mib() -> float:
@@ -77,7 +81,9 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--size", default="medium")
     p.add_argument("--agents", nargs="+", type=int, default=[1, 2, 4, 8])
-    p.add_argument("--layouts", nargs="+", default=["separate", "lora"], choices=["separate", "lora"])
+    p.add_argument("--layouts", nargs="+", default=["separate", "lora"], choices=["separate", "lora", "comlrl"])
+    p.add_argument("--theirs-python", default=os.path.join(HERE, "vs_comlrl", ".venv-comlrl", "bin", "python"),
+                   help="the comlrl virtualenv's interpreter (layout comlrl)")
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--response-length", type=int, default=16)
     p.add_argument("--json", default=None)
@@ -92,17 +98,23 @@ def main():
     # Build the model once, outside the measured processes.
     from trl_collm.testing import tiny_model_dir
 
-    tiny_model_dir(f"{a.size}-qwen2", size=a.size)
+    path = tiny_model_dir(f"{a.size}-qwen2", size=a.size)
+    if "comlrl" in a.layouts and not os.path.exists(a.theirs_python):
+        p.error(f"{a.theirs_python} not found: run `bash benchmarks/vs_comlrl/setup_env.sh` first (layout comlrl)")
     results = []
     for layout in a.layouts:
         for n in a.agents:
             cmd = [sys.executable, __file__, "--child", layout, str(n), "--size", a.size, "--batch", str(a.batch),
                    "--response-length", str(a.response_length)]
+            if layout == "comlrl":
+                cmd = [a.theirs_python, os.path.join(HERE, "vs_comlrl", "memory_theirs.py"), "--agents", str(n), "--model", path,
+                       "--batch", str(a.batch), "--length", str(a.response_length)]
             out = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
             if out.returncode != 0:
                 print(out.stderr[-2000:], file=sys.stderr)
                 raise SystemExit(f"child {layout} n={n} failed")
             row = json.loads(out.stdout.strip().splitlines()[-1])
+            row.setdefault("size", a.size)
             results.append(row)
             print(f"  done {layout} n={n}: peak {row['peak_rss_mib']:.0f} MiB", flush=True)
     print(f"\nsize {a.size}; one training iteration (CC critic, preset collm, batch {a.batch}, {a.response_length} tokens)\n")

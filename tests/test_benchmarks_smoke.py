@@ -1,0 +1,75 @@
+"""Seconds-long smoke runs of the benchmark scripts, so they keep working. They check that each script runs end to
+end and writes well-formed results, not any speed (benchmarks report figures; tests do not time things)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_script(args, tmp_path, timeout=600):
+    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TRL_COLLM_CACHE=str(tmp_path / "models"),
+               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    out = subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, cwd=ROOT, timeout=timeout)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout
+
+
+def test_bench_iteration_smoke(tmp_path):
+    path = tmp_path / "iteration.json"
+    stdout = run_script(["benchmarks/bench_iteration.py", "--smoke", "--json", str(path)], tmp_path)
+    rows = json.loads(path.read_text())
+    rows = rows["results"] if isinstance(rows, dict) else rows
+    assert rows and all(r["iteration_s"] > 0 and r["generate_s"] > 0 for r in rows)
+    assert "ratio" in stdout
+
+
+def test_bench_memory_smoke(tmp_path):
+    path = tmp_path / "memory.json"
+    stdout = run_script(["benchmarks/bench_memory.py", "--smoke", "--json", str(path)], tmp_path)
+    rows = json.loads(path.read_text())
+    assert {(r["layout"], r["agents"]) for r in rows} == {("separate", 1), ("separate", 2), ("lora", 1), ("lora", 2)}
+    for r in rows:
+        assert r["peak_rss_mib"] >= r["baseline_rss_mib"] > 0
+    sep = {r["agents"]: r["trainable_params"] for r in rows if r["layout"] == "separate"}
+    lora = {r["agents"]: r["trainable_params"] for r in rows if r["layout"] == "lora"}
+    assert sep[2] > sep[1] > lora[2] > lora[1] > 0  # a second full agent vs a second adapter
+    assert "goal (lora)" in stdout
+
+
+def test_paper_findings_smoke_and_reuse(tmp_path):
+    out = tmp_path / "findings.json"
+    args = ["benchmarks/paper_findings.py", "--smoke", "--tasks", "coord-penalty", "--out", str(out), "--png-prefix",
+            str(tmp_path / "fig"), "--lrs", "1e-2", "3e-2", "--methods", "cc", "mc", "--jobs", "2"]
+    stdout = run_script(args, tmp_path)
+    runs = json.loads(out.read_text())
+    assert sorted((r["method"], r["lr"]) for r in runs) == [("cc", 0.01), ("cc", 0.03), ("mc", 0.01), ("mc", 0.03)]
+    assert all(r["curve"] and r["curve"][-1][0] > 0 for r in runs)
+    assert "each method at its best learning rate" in stdout
+    # --reuse finds every run already done and runs nothing.
+    again = run_script(args + ["--reuse"], tmp_path)
+    assert "0 runs to do (4 kept" in again
+    assert len(json.loads(out.read_text())) == 4
+
+
+def test_batching_ceiling_smoke(tmp_path):
+    stdout = run_script(["benchmarks/vs_comlrl/batching_ceiling.py", "--sizes", "tiny", "--reps", "1", "--batch", "2",
+                         "--prompt-len", "8", "--view-len", "12", "--models-dir", str(tmp_path / "m")], tmp_path)
+    row = json.loads(stdout.strip().splitlines()[-1])["rows"][0]
+    for key in ("generate", "logprob_fwd_bwd", "critic_fwd_bwd"):
+        assert row[key]["batched_s"] > 0 and row[key]["one_by_one_s"] > 0
+
+
+def test_paper_findings_rejects_bad_jobs(tmp_path):
+    out = subprocess.run([sys.executable, "benchmarks/paper_findings.py", "--jobs", "0"], capture_output=True, text=True,
+                         cwd=ROOT, env=dict(os.environ, HF_HUB_OFFLINE="1"))
+    assert out.returncode == 2 and "--jobs must be at least 1" in out.stderr
+
+
+pytestmark = pytest.mark.timeout(900)
