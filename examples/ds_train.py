@@ -80,6 +80,8 @@ def main():
     parser.add_argument("--iterations", type=int, default=3)
     parser.add_argument("--sample", action="store_true", help="sample the rollouts instead of greedy decoding")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--epochs", type=int, default=2, help="PPO epochs (1 with --kl-coef 0: the single-pass update)")
+    parser.add_argument("--kl-coef", type=float, default=0.05)
     cli = parser.parse_args()
 
     torch.set_num_threads(1)
@@ -115,8 +117,8 @@ def main():
     else:
         args = MultiAgentPPOConfig(
             critic_type=cli.critic,
-            num_ppo_epochs=2,
-            kl_coef=0.05,  # exercises the reference policies (frozen copies / the base with adapters off)
+            num_ppo_epochs=cli.epochs,
+            kl_coef=cli.kl_coef,  # 0.05 exercises the reference policies (frozen copies / the base with adapters off)
             # Per-rank whitening (TRL's PPO semantics) would differ from whitening the whole batch in one process.
             advantage_norm_scope="none",
             **common,
@@ -151,6 +153,7 @@ def main():
             "history": history,
             "fingerprints": prints,
             "team_dir": team_dir,
+            "deferred_old_logprobs": bool(getattr(trainer, "_defer_old_logprobs", lambda: False)()),
         }
         with open(os.path.join(cli.out, "metrics.json"), "w") as f:
             json.dump(info, f, indent=1)

@@ -57,18 +57,18 @@ def _run(cmd: list[str], cache: Path, out: Path) -> dict:
         return json.load(f)
 
 
-def _launch(stage: int, layout: str, critic: str, tmp: Path, cache: Path) -> dict:
+def _launch(stage: int, layout: str, critic: str, tmp: Path, cache: Path, extra=()) -> dict:
     out = tmp / f"zero{stage}"
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2", "--num_machines", "1",
            "--mixed_precision", "no", "--main_process_port", _free_port(),
            "--config_file", str(CONFIGS / f"zero{stage}.yaml"),
-           str(SCRIPT), "--out", str(out), "--layout", layout, "--critic", critic]
+           str(SCRIPT), "--out", str(out), "--layout", layout, "--critic", critic, *extra]
     return _run(cmd, cache, out)
 
 
-def _single(layout: str, critic: str, tmp: Path, cache: Path) -> dict:
+def _single(layout: str, critic: str, tmp: Path, cache: Path, extra=()) -> dict:
     out = tmp / "single"
-    return _run([sys.executable, str(SCRIPT), "--out", str(out), "--layout", layout, "--critic", critic], cache, out)
+    return _run([sys.executable, str(SCRIPT), "--out", str(out), "--layout", layout, "--critic", critic, *extra], cache, out)
 
 
 def _close(a: float, b: float, rtol: float, atol: float = 0.0) -> bool:
@@ -107,21 +107,24 @@ def _reloaded_fingerprints(team_dir: Path, layout: str, base_path: str) -> dict:
 
 
 CASES = [
-    pytest.param(2, "separate", "centralized", id="zero2-cc-separate"),
-    pytest.param(3, "separate", "decentralized", id="zero3-dc-separate"),
-    pytest.param(2, "shared_base", "decentralized", id="zero2-dc-lora"),
-    pytest.param(3, "shared_base", "centralized", id="zero3-cc-lora"),
+    pytest.param(2, "separate", "centralized", (), id="zero2-cc-separate"),
+    pytest.param(3, "separate", "decentralized", (), id="zero3-dc-separate"),
+    pytest.param(2, "shared_base", "decentralized", (), id="zero2-dc-lora"),
+    pytest.param(3, "shared_base", "centralized", (), id="zero3-cc-lora"),
+    # One epoch, no KL: the update's own forward records the old log-probs (no scoring pass), sharded at ZeRO-3.
+    pytest.param(3, "separate", "centralized", ("--epochs", "1", "--kl-coef", "0"), id="zero3-cc-separate-single-pass"),
 ]
 
 
 @pytest.mark.timeout(2 * TIMEOUT)
-@pytest.mark.parametrize("stage,layout,critic", CASES)
-def test_deepspeed_matches_single_process(stage, layout, critic, tmp_path, model_cache):
+@pytest.mark.parametrize("stage,layout,critic,extra", CASES)
+def test_deepspeed_matches_single_process(stage, layout, critic, extra, tmp_path, model_cache):
     from trl_collm.testing import tiny_model_dir
 
     base_path = tiny_model_dir("tiny-qwen2")  # built here, before any child process starts
-    ds = _launch(stage, layout, critic, tmp_path, model_cache)
-    ref = _single(layout, critic, tmp_path, model_cache)
+    ds = _launch(stage, layout, critic, tmp_path, model_cache, extra)
+    ref = _single(layout, critic, tmp_path, model_cache, extra)
+    assert ds["deferred_old_logprobs"] is ref["deferred_old_logprobs"] is bool(extra)
 
     assert ds["world_size"] == 2 and ds["zero_stage"] == stage and "DEEPSPEED" in ds["distributed_type"]
     assert ref["world_size"] == 1 and ref["zero_stage"] == -1
