@@ -15,8 +15,9 @@ import torch
 # when the CPUs are shared with other processes.
 torch.set_num_threads(1)
 
-# Settings every CPU test run needs (no bf16, no logging integrations, no checkpoints, no sample generations).
-CPU_DEFAULTS = dict(
+# Settings every CPU test run needs, PPO or MC (no bf16, no logging integrations, no checkpoints, no sample
+# generations, a log line per iteration).
+RUN_SETTINGS = dict(
     use_cpu=True,
     bf16=False,
     report_to=[],
@@ -24,6 +25,11 @@ CPU_DEFAULTS = dict(
     num_sample_generations=0,
     disable_tqdm=True,
     logging_steps=1,
+)
+
+# The PPO tests' defaults on top of them.
+CPU_DEFAULTS = dict(
+    RUN_SETTINGS,
     per_device_train_batch_size=4,
     response_length=6,
     total_episodes=8,  # 2 iterations of 4 episodes

@@ -9,17 +9,12 @@ import math
 import pytest
 import torch
 
+from conftest import RUN_SETTINGS
 from trl_collm import MultiAgentMCConfig, MultiAgentMCTrainer
 from trl_collm.tasks import get_task
 
 MC_CPU = dict(
-    use_cpu=True,
-    bf16=False,
-    report_to=[],
-    save_strategy="no",
-    num_sample_generations=0,
-    disable_tqdm=True,
-    logging_steps=1,
+    RUN_SETTINGS,
     num_generations=2,
     learning_rate=1e-2,  # large: one step visibly moves every trained tensor even with tiny advantages
     temperature=1.0,
