@@ -124,6 +124,34 @@ def plot(results, task_name, path, title_extra=""):
     plt.close(fig)
 
 
+def plot_lr(results, task_name, lrs, path):
+    """Final return against the learning rate, per method (mean and min-max over seeds)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    for method, colour in zip(METHODS, ("tab:blue", "tab:orange", "tab:green")):
+        xs, mean, lo, hi = [], [], [], []
+        for lr in sorted(lrs.get(method, [])):
+            f = [final(r["curve"]) for r in results if r["task"] == task_name and r["method"] == method and r["lr"] == lr]
+            if f:
+                xs.append(lr), mean.append(sum(f) / len(f)), lo.append(min(f)), hi.append(max(f))
+        if xs:
+            ax.errorbar(xs, mean, yerr=[[m - l for m, l in zip(mean, lo)], [h - m for m, h in zip(mean, hi)]], color=colour,
+                        marker="o", capsize=3, label=method.upper())
+    ax.set_xscale("log")
+    ax.set_xlabel("learning rate")
+    ax.set_ylabel("final return (mean, min-max over seeds)")
+    ax.set_title(f"{task_name}: {TASKS[task_name][2]}")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def _key(r) -> tuple:
     # Runs saved before the sweep existed carry no lr / budget / batch: they used 1e-2, the full budget and 16.
     return (r["task"], r["method"], int(r["seed"]), float(r.get("lr", DEFAULT_LR)), int(r.get("budget", TASKS[r["task"]][1])),
@@ -246,6 +274,7 @@ def main():
             report(tuned, task_name, a.methods, "== each method at its best learning rate ==")
             try:
                 plot(tuned, task_name, f"{a.png_prefix}_{task_name}_tuned.png", ", each method at its best lr")
+                plot_lr(mine, task_name, lrs, f"{a.png_prefix}_{task_name}_lr.png")
             except ImportError:
                 pass
 

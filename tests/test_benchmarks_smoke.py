@@ -52,6 +52,8 @@ def test_paper_findings_smoke_and_reuse(tmp_path):
     assert sorted((r["method"], r["lr"]) for r in runs) == [("cc", 0.01), ("cc", 0.03), ("mc", 0.01), ("mc", 0.03)]
     assert all(r["curve"] and r["curve"][-1][0] > 0 for r in runs)
     assert "each method at its best learning rate" in stdout
+    for suffix in ("", "_tuned", "_lr"):  # curves at the equal rate, at each method's best rate, final return vs rate
+        assert (tmp_path / f"fig_coord-penalty{suffix}.png").stat().st_size > 1000
     # --reuse finds every run already done and runs nothing.
     again = run_script(args + ["--reuse"], tmp_path)
     assert "0 runs to do (4 kept" in again
