@@ -222,3 +222,18 @@ def test_mc_config_errors(tmp_path):
         MultiAgentMCConfig(**base, num_generations=1)
     with pytest.raises(ValueError, match="preset"):
         MultiAgentMCConfig(**base, preset="grpo")
+
+
+def test_mc_micro_batch_holds_every_sample_of_its_prompts(tmp_path, qwen_path, prompts_dataset):
+    """per_device_train_batch_size counts prompts: one forward/backward part per agent holds their 2 x G samples."""
+    args = MultiAgentMCConfig(output_dir=str(tmp_path / "out"), num_agents=2, num_generations=3, per_device_train_batch_size=2,
+                              total_episodes=4, response_length=4, learning_rate=1e-2, use_cpu=True, bf16=False, report_to=[],
+                              save_strategy="no", disable_tqdm=True, num_sample_generations=0)
+    trainer = MultiAgentMCTrainer(args=args, model=qwen_path, train_dataset=prompts_dataset, reward_funcs=_reward)
+    assert trainer.micro_batch_rows() == 6
+    rows = []
+    original = trainer.team.logprobs
+    trainer.team.logprobs = lambda name, q, *a, **k: rows.append(len(q)) or original(name, q, *a, **k)
+    trainer.train()
+    # 2 iterations x 2 agents, one part each with all 2 prompts x 3 samples (REINFORCE: no scoring forwards).
+    assert rows == [6] * 4

@@ -230,7 +230,7 @@ class TeamTrainerBase(_BaseTrainer):
         Each part is backpropagated as soon as it is computed: with LoRA agents on one base the active adapter
         changes between parts, and activation checkpointing must recompute with the adapter that was active.
         """
-        micro = max(1, self.args.per_device_train_batch_size)
+        micro = self.micro_batch_rows()
         if self.is_deepspeed_enabled:
             # One engine.step() per minibatch: every backward below only accumulates (distributed.engine_backward);
             # DeepSpeed reduces the gradients across ranks and clips the global norm (max_grad_norm) in step().
@@ -248,6 +248,11 @@ class TeamTrainerBase(_BaseTrainer):
         self.optimizer.step()
         if self.lr_scheduler is not None:
             self.lr_scheduler.step()
+
+    def micro_batch_rows(self) -> int:
+        """(row, turn) pairs per forward/backward part of an optimizer step: PPO's rows are episodes, so
+        `per_device_train_batch_size` of them (TRL's PPO micro-batch)."""
+        return max(1, self.args.per_device_train_batch_size)
 
     def _accumulate(self, turns, pairs: torch.Tensor, agents: list[str], logs, extra_backward, micro: int):
         """The backward passes of one `_step` (gradients accumulate; no optimizer step here)."""

@@ -47,6 +47,12 @@ class MultiAgentMCTrainer(TeamTrainerBase):
         groups = len(self.team.names) * args.num_turns if args.update_schedule == "per_agent_turn" else 1
         return args.num_iterations * args.num_mini_batches * groups
 
+    def micro_batch_rows(self) -> int:
+        """MC's rows are samples and `per_device_train_batch_size` counts prompts: a part holds the G samples of each
+        of those prompts (what one iteration samples per agent and turn in aligned mode), not G times fewer. Lower
+        `per_device_train_batch_size` (and raise `gradient_accumulation_steps`) for smaller parts."""
+        return max(1, self.args.per_device_train_batch_size * self.args.num_generations)
+
     # ------------------------------------------------------------------ sampling
     def sample(self, rows: list[dict]) -> SampleTree:
         args = self.args
