@@ -217,16 +217,21 @@ def main():
 
     tiny_model_dir("tiny-qwen2")
     lrs = {m: (a.mc_lrs or a.lrs) if m == "mc" else a.lrs for m in a.methods}
-    results = []
-    if a.reuse and os.path.exists(a.out):
-        with open(a.out) as f:
-            results = json.load(f)
-    done = {_key(r) for r in results}
     # Interleave methods within each seed so machine load drifts affect them alike.
     plan = [(t, m, seed, lr) for t in a.tasks for seed in a.seeds for lr in sorted({x for v in lrs.values() for x in v})
             for m in a.methods if lr in lrs[m]]
-    plan = [x for x in plan if (x[0], x[1], x[2], x[3], int(TASKS[x[0]][1] * a.budget_scale), a.batch) not in done]
-    print(f"{len(plan)} runs to do ({len(results)} kept from {a.out})" if a.reuse else f"{len(plan)} runs to do", flush=True)
+    key_of = lambda x: (x[0], x[1], x[2], x[3], int(TASKS[x[0]][1] * a.budget_scale), a.batch)  # noqa: E731
+    results = []
+    if os.path.exists(a.out):
+        # Runs of other settings in the file are always kept; without --reuse the planned ones are run again.
+        with open(a.out) as f:
+            results = json.load(f)
+        if not a.reuse:
+            planned = {key_of(x) for x in plan}
+            results = [r for r in results if _key(r) not in planned]
+    done = {_key(r) for r in results}
+    plan = [x for x in plan if key_of(x) not in done]
+    print(f"{len(plan)} runs to do ({len(results)} other runs kept in {a.out})", flush=True)
 
     def launch(job):
         task_name, method, seed, lr = job

@@ -56,8 +56,13 @@ def test_paper_findings_smoke_and_reuse(tmp_path):
         assert (tmp_path / f"fig_coord-penalty{suffix}.png").stat().st_size > 1000
     # --reuse finds every run already done and runs nothing.
     again = run_script(args + ["--reuse"], tmp_path)
-    assert "0 runs to do (4 kept" in again
+    assert "0 runs to do (4 other runs kept" in again
     assert len(json.loads(out.read_text())) == 4
+    # Without --reuse the planned run is run again and replaced; the file's other runs stay.
+    args = args[: args.index("--lrs")] + ["--lrs", "1e-2", "--methods", "cc"]
+    rerun = run_script(args, tmp_path)
+    assert "1 runs to do (3 other runs kept" in rerun
+    assert sorted((r["method"], r["lr"]) for r in json.loads(out.read_text())) == [("cc", 0.01), ("cc", 0.03), ("mc", 0.01), ("mc", 0.03)]
 
 
 def test_batching_ceiling_smoke(tmp_path):
