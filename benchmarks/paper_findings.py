@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import json
 import os
 import subprocess
@@ -93,63 +94,62 @@ def final(curve, window=5):
     return sum(tail) / len(tail)
 
 
-def plot(results, task_name, path, title_extra=""):
-    """Mean and min-max band over seeds of each method's runs in `results` (one learning rate per method)."""
+COLOURS = dict(zip(METHODS, ("tab:blue", "tab:orange", "tab:green")))
+
+
+@contextlib.contextmanager
+def _figure(path, size, title, xlabel, ylabel):
+    """Yields the axes of a new figure; on exit labels it, adds grid and legend, and saves it to `path`."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.5, 3.8))
-    for method, colour in zip(METHODS, ("tab:blue", "tab:orange", "tab:green")):
-        runs = [r for r in results if r["task"] == task_name and r["method"] == method]
-        if not runs:
-            continue
-        curves = [r["curve"] for r in runs]
-        length = min(len(c) for c in curves)
-        xs = [curves[0][i][0] for i in range(length)]
-        smooth = [[sum(v for _, v in c[max(0, i - 4) : i + 1]) / len(c[max(0, i - 4) : i + 1]) for i in range(length)] for c in curves]
-        mean = [sum(s[i] for s in smooth) / len(smooth) for i in range(length)]
-        lo = [min(s[i] for s in smooth) for i in range(length)]
-        hi = [max(s[i] for s in smooth) for i in range(length)]
-        ax.plot(xs, mean, color=colour, label=f"{method.upper()}, lr {runs[0]['lr']:g} ({len(runs)} seeds)")
-        ax.fill_between(xs, lo, hi, color=colour, alpha=0.2)
-    ax.set_xlabel("environment steps")
-    ax.set_ylabel("mean episode return (moving mean of 5)")
-    ax.set_title(f"{task_name}: {TASKS[task_name][2]}{title_extra}")
+    fig, ax = plt.subplots(figsize=size)
+    yield ax
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def plot(results, task_name, path, title_extra=""):
+    """Mean and min-max band over seeds of each method's runs in `results` (one learning rate per method)."""
+    with _figure(path, (6.5, 3.8), f"{task_name}: {TASKS[task_name][2]}{title_extra}", "environment steps",
+                 "mean episode return (moving mean of 5)") as ax:
+        for method in METHODS:
+            runs = [r for r in results if r["task"] == task_name and r["method"] == method]
+            if not runs:
+                continue
+            curves = [r["curve"] for r in runs]
+            length = min(len(c) for c in curves)
+            xs = [curves[0][i][0] for i in range(length)]
+            smooth = [[sum(v for _, v in c[max(0, i - 4) : i + 1]) / len(c[max(0, i - 4) : i + 1]) for i in range(length)] for c in curves]
+            mean = [sum(s[i] for s in smooth) / len(smooth) for i in range(length)]
+            lo = [min(s[i] for s in smooth) for i in range(length)]
+            hi = [max(s[i] for s in smooth) for i in range(length)]
+            ax.plot(xs, mean, color=COLOURS[method], label=f"{method.upper()}, lr {runs[0]['lr']:g} ({len(runs)} seeds)")
+            ax.fill_between(xs, lo, hi, color=COLOURS[method], alpha=0.2)
 
 
 def plot_lr(results, task_name, lrs, path):
     """Final return against the learning rate, per method (mean and min-max over seeds)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5.5, 3.6))
-    for method, colour in zip(METHODS, ("tab:blue", "tab:orange", "tab:green")):
-        xs, mean, lo, hi = [], [], [], []
-        for lr in sorted(lrs.get(method, [])):
-            f = [final(r["curve"]) for r in results if r["task"] == task_name and r["method"] == method and r["lr"] == lr]
-            if f:
-                xs.append(lr), mean.append(sum(f) / len(f)), lo.append(min(f)), hi.append(max(f))
-        if xs:
-            ax.errorbar(xs, mean, yerr=[[m - l for m, l in zip(mean, lo)], [h - m for m, h in zip(mean, hi)]], color=colour,
-                        marker="o", capsize=3, label=method.upper())
-    ax.set_xscale("log")
-    ax.set_xlabel("learning rate")
-    ax.set_ylabel("final return (mean, min-max over seeds)")
-    ax.set_title(f"{task_name}: {TASKS[task_name][2]}")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    with _figure(path, (5.5, 3.6), f"{task_name}: {TASKS[task_name][2]}", "learning rate",
+                 "final return (mean, min-max over seeds)") as ax:
+        for method in METHODS:
+            xs, mean, lo, hi = [], [], [], []
+            for lr in sorted(lrs.get(method, [])):
+                f = [final(r["curve"]) for r in results if r["task"] == task_name and r["method"] == method and r["lr"] == lr]
+                if f:
+                    xs.append(lr), mean.append(sum(f) / len(f)), lo.append(min(f)), hi.append(max(f))
+            if xs:
+                ax.errorbar(xs, mean, yerr=[[m - l for m, l in zip(mean, lo)], [h - m for m, h in zip(mean, hi)]],
+                            color=COLOURS[method], marker="o", capsize=3, label=method.upper())
+        ax.set_xscale("log")
 
 
 def _key(r) -> tuple:

@@ -119,7 +119,6 @@ def test_push_without_critic_and_load_team_round_trip(tmp_path, monkeypatch):
     import huggingface_hub
     import torch
     import transformers.trainer as hf_trainer
-    from datasets import Dataset
     from peft import LoraConfig
 
     from trl_collm.inference import load_team, play

@@ -137,7 +137,7 @@ def test_heterogeneous_team_shares_one_centralized_critic(tmp_path, make_config,
     (cb,) = tr.critic_batches(roll)
     view = cb.views[0]
     assert view.startswith("[qw] ") and "\n\n[ll] " in view
-    ids, mask = unit.encode([view], "cpu")
+    ids, mask = unit.pad(unit.tokenize([view]), "cpu")
     assert ids[0][mask[0].bool()].tolist() == tq(view, add_special_tokens=False)["input_ids"]
     assert ids[0][mask[0].bool()].tolist() != tl(view, add_special_tokens=False)["input_ids"]
 
@@ -519,13 +519,15 @@ def test_token_level_advantages_dc(tmp_path, make_config, prompts_dataset, qwen_
 ])
 def test_deferred_old_logprobs_match_the_scoring_pass(tmp_path, make_config, prompts_dataset, qwen_path, overrides):
     """Skipping the scoring forward must not change a single update: same weights and the same logged metrics as a
-    run forced through the scoring pass (`_force_old_logprob_pass`), and the trainer really took the short path."""
+    run forced through the scoring pass (`_defer_old_logprobs` patched to False), and the trainer really took the
+    short path."""
     runs = []
     for force in (False, True):
         args = make_config(tmp_path / str(force), learning_rate=1e-2, **overrides)
         trainer = MultiAgentPPOTrainer(args=args, model=[qwen_path, qwen_path], train_dataset=prompts_dataset,
                                        reward_funcs=varied_reward)
-        trainer._force_old_logprob_pass = force
+        if force:
+            trainer._defer_old_logprobs = lambda: False
         assert trainer._defer_old_logprobs() is (not force)
         before = agent_snapshots(trainer), critic_snapshots(trainer)
         calls = []

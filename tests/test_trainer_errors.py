@@ -8,7 +8,7 @@ import re
 import pytest
 from datasets import Dataset
 
-from trl_collm import MultiAgentEnv, MultiAgentPPOConfig, MultiAgentPPOTrainer, StepResult
+from trl_collm import MultiAgentEnv, MultiAgentPPOTrainer, StepResult
 
 
 def ok_reward(prompts, completions, **kwargs):

@@ -133,20 +133,16 @@ class CriticUnit(nn.Module):
             params += [p for n, p in base.named_parameters() if "lora_" in n and f".{self.adapter}." in n]
         return params
 
-    def tokenize(self, texts: list[str], max_length: int | None = None) -> list[list[int]]:
+    def tokenize(self, texts: list[str]) -> list[list[int]]:
         """Token ids of each view, cut from the left to the critic's context."""
-        limit = max_length if max_length is not None else self.max_tokens
         ids = self.tokenizer(list(texts), add_special_tokens=False)["input_ids"]
-        return [truncate_left(row, limit, "critic view") for row in ids]
+        return [truncate_left(row, self.max_tokens, "critic view") for row in ids]
 
     def pad(self, rows: list[list[int]], device, suffix_ids: list[list[int]] | None = None):
         """Left-padded critic input; `suffix_ids` (token-level values) are appended after each view."""
         if suffix_ids is not None:
             rows = [ids + suffix for ids, suffix in zip(rows, suffix_ids)]
         return _left_pad(rows, self.tokenizer.pad_token_id, device)
-
-    def encode(self, texts: list[str], device, max_length: int | None = None, suffix_ids: list[list[int]] | None = None):
-        return self.pad(self.tokenize(texts, max_length), device, suffix_ids)
 
 
 class TeamCritic(nn.Module):

@@ -43,7 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 
 __all__ = ["SandboxResult", "TestOutcome", "TestReport", "run_python", "run_tests", "split_tests"]

@@ -90,6 +90,19 @@ def common_args(p):
     return p
 
 
+def parse_run_args(doc: str, argv=None):
+    """The run scripts' start: parse and check the shared command line, then set torch's threads."""
+    import argparse
+
+    opts = common_args(argparse.ArgumentParser(description=doc.split("\n\n")[0])).parse_args(argv)
+    check_args(opts)
+    import torch
+
+    if opts.threads:
+        torch.set_num_threads(opts.threads)
+    return opts
+
+
 def check_args(opts) -> None:
     if opts.algo == "mc" and opts.batch % opts.num_generations:
         raise SystemExit(f"--batch {opts.batch} must be a multiple of --num-generations {opts.num_generations} for MC")

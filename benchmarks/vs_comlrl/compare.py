@@ -139,7 +139,7 @@ def markdown(meta, rows):
         f"AdamW lr {s['lr']} (actors and critics), {s['batch']} joint actions per update, MC G = {s['num_generations']}, "
         f"torch threads {s['threads']}, float32 on {s.get('device', 'cpu')}. Episode budget per run: "
         + ", ".join(f"{size} {n}" for size, n in meta["episodes"].items())
-        + f" joint actions; repeats: " + ", ".join(f"{size} {n}" for size, n in meta["repeats"].items()) + ".")
+        + " joint actions; repeats: " + ", ".join(f"{size} {n}" for size, n in meta["repeats"].items()) + ".")
     out.append("")
     mem, mem_name = ("peak_gpu_mib", "GPU") if s.get("device") == "cuda" else ("peak_rss_mib", "RSS")
     out.append("| size | algo | ours ep/s | theirs ep/s | **ratio ep/s** | per-repeat ratios | ours tok/s | theirs tok/s | ratio tok/s "

@@ -12,21 +12,14 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.dirname(HERE)]
 import common  # noqa: E402  (HF_HUB_OFFLINE, WANDB_MODE before the libraries load)
-
-
-def current_rss_mib() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return common.peak_rss_mib()
+from bench_memory import current_rss_mib, rss_mib  # noqa: E402  (the same measures as the trl_collm layouts; stdlib only)
 
 
 def main(argv=None) -> int:
@@ -64,12 +57,12 @@ def main(argv=None) -> int:
     for agent in trainer.agents:
         agent.model.generation_config.eos_token_id = len(tok)  # never sampled: answers run to --length
     trainer.verbose = False
-    built = common.peak_rss_mib()
+    built = rss_mib()
     t0 = time.time()
     trainer.train()
     modules = list(trainer.agents) + list(trainer.critics)
     params = [p for m in modules for p in m.parameters()]
-    common.emit(dict(layout="comlrl", agents=n, baseline_rss_mib=baseline, built_rss_mib=built, peak_rss_mib=common.peak_rss_mib(),
+    common.emit(dict(layout="comlrl", agents=n, baseline_rss_mib=baseline, built_rss_mib=built, peak_rss_mib=rss_mib(),
                      iteration_s=time.time() - t0, trainable_params=sum(p.numel() for p in params if p.requires_grad),
                      total_params=sum(p.numel() for p in params)))
     return 0

@@ -12,7 +12,6 @@ vocabulary so every response runs to --max-new-tokens.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import sys
@@ -25,12 +24,8 @@ import task  # noqa: E402
 
 
 def main(argv=None) -> int:
-    opts = common.common_args(argparse.ArgumentParser(description=__doc__.split("\n\n")[0])).parse_args(argv)
-    common.check_args(opts)
+    opts = common.parse_run_args(__doc__, argv)
     import torch
-
-    if opts.threads:
-        torch.set_num_threads(opts.threads)
     import transformers
     from datasets import Dataset
     from transformers import AutoTokenizer

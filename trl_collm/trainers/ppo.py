@@ -113,7 +113,6 @@ class MultiAgentPPOTrainer(TeamTrainerBase):
     def score_rollout(self, roll: Rollout):
         args, team, names = self.args, self.team, self.team.names
         n, E, T = len(names), roll.num_episodes, roll.num_turns
-        device = self.accelerator.device
         token = args.advantage_level == "token"
         temp = args.temperature if args.scale_logits_by_temperature else 1.0
         stats = defaultdict(list)
@@ -131,8 +130,9 @@ class MultiAgentPPOTrainer(TeamTrainerBase):
                 if args.missing_eos_penalty is not None:
                     rewards[at.episode_ids, t, i] -= args.missing_eos_penalty * (~g.ended).float().cpu()
                 at.ref_logprobs = None
-                if defer:  # filled by the update's own forward (see _defer_old_logprobs)
-                    at.old_logprobs = None
+                at.old_deferred = defer
+                if defer:  # filled row by row by the update's own forward (see _defer_old_logprobs)
+                    at.old_logprobs = torch.zeros(g.response_ids.shape, device=g.response_ids.device)
                     continue
                 old = _chunked(lambda s: team.logprobs(a, g.query_ids[s], g.query_mask[s], g.response_ids[s], g.response_mask[s], temp)[0], len(at.episode_ids), chunk)
                 at.old_logprobs = old
@@ -215,7 +215,7 @@ class MultiAgentPPOTrainer(TeamTrainerBase):
         """TRL PPO semantics: per-token values, per-token KL penalty, score at the last response token."""
         args, names = self.args, self.team.names
         turn = roll.turns[0]
-        all_values, all_returns, all_adv, agent_rows = [], [], [], []
+        all_values, all_returns, all_adv = [], [], []
         for cb in cbs:
             a = cb.agents[0]
             at = turn[a]
@@ -273,7 +273,7 @@ class MultiAgentPPOTrainer(TeamTrainerBase):
         The reference rule (`preset="collm"`) qualifies: it saves one forward per agent and turn every iteration.
         """
         args = self.args
-        if args.num_ppo_epochs != 1 or args.num_mini_batches != 1 or getattr(self, "_force_old_logprob_pass", False):
+        if args.num_ppo_epochs != 1 or args.num_mini_batches != 1:
             return False
         if args.kl_coef != 0 and any(self.team.has_reference(a) for a in self.team.names):
             return False
@@ -311,9 +311,7 @@ class MultiAgentPPOTrainer(TeamTrainerBase):
         temp = args.temperature if args.scale_logits_by_temperature else 1.0
         mask = g.response_mask[rows]
         new, ent = self.team.logprobs(a, g.query_ids[rows], g.query_mask[rows], g.response_ids[rows], mask, temp, with_entropy=True)
-        if at.old_logprobs is None:  # deferred (see _defer_old_logprobs): this forward is the first with these weights
-            at.old_logprobs, at.old_deferred = torch.zeros(g.response_ids.shape, dtype=new.dtype, device=new.device), True
-        if getattr(at, "old_deferred", False):
+        if at.old_deferred:  # see _defer_old_logprobs: this forward is the first with these weights
             at.old_logprobs[rows] = new.detach()
         adv = at.advantages[rows].to(new.device)
         if args.policy_loss_type == "reinforce":
