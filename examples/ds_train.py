@@ -34,6 +34,9 @@ PROMPTS = [
 ]
 
 
+INSTRUCTIONS = "the team writes the plan and the critic gives a value to the plan of the team: "
+
+
 def varied_reward(prompts, completions, **kwargs):
     """Joint reward that differs between episodes (so advantages are not all zero, even for greedy rollouts)."""
     return [float(len(c[0]) % 3) + 0.5 * float(len(c[-1]) % 2) for c in completions]
@@ -82,10 +85,24 @@ def main():
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--epochs", type=int, default=2, help="PPO epochs (1 with --kl-coef 0: the single-pass update)")
     parser.add_argument("--kl-coef", type=float, default=0.05)
+    parser.add_argument("--instructions", action="store_true",
+                        help="put one long instruction in front of every prompt (exercises the shared-prefix forward)")
     cli = parser.parse_args()
 
     torch.set_num_threads(1)
     from datasets import Dataset
+
+    import trl_collm.prefix
+
+    shared_prefix_used = []  # how many forwards computed a shared prefix once (reported in metrics.json)
+    plain_split = trl_collm.prefix.split_common_prefix
+
+    def counting_split(*a, **k):
+        split = plain_split(*a, **k)
+        shared_prefix_used.append(split is not None)
+        return split
+
+    trl_collm.prefix.split_common_prefix = counting_split
 
     from trl_collm import MultiAgentMCConfig, MultiAgentMCTrainer, MultiAgentPPOConfig, MultiAgentPPOTrainer
     from trl_collm.testing import tiny_model_dir
@@ -133,7 +150,7 @@ def main():
         args=args, model=model_path, peft_config=peft_config, reward_funcs=varied_reward,
         # Exactly one global batch of rows: every iteration plays the same episodes whatever the process count
         # (the shuffled order differs between 1 process and accelerate's sharded loader, the set of rows does not).
-        train_dataset=Dataset.from_dict({"prompt": PROMPTS[: cli.global_batch]}),
+        train_dataset=Dataset.from_dict({"prompt": [INSTRUCTIONS * cli.instructions + p for p in PROMPTS[: cli.global_batch]]}),
     )
     if not cli.sample:
         sampled = trainer.generation_kwargs
@@ -154,6 +171,7 @@ def main():
             "fingerprints": prints,
             "team_dir": team_dir,
             "deferred_old_logprobs": bool(getattr(trainer, "_defer_old_logprobs", lambda: False)()),
+            "shared_prefix_forwards": sum(shared_prefix_used),
         }
         with open(os.path.join(cli.out, "metrics.json"), "w") as f:
             json.dump(info, f, indent=1)

@@ -113,6 +113,8 @@ CASES = [
     pytest.param(3, "shared_base", "centralized", (), id="zero3-cc-lora"),
     # One epoch, no KL: the update's own forward records the old log-probs (no scoring pass), sharded at ZeRO-3.
     pytest.param(3, "separate", "centralized", ("--epochs", "1", "--kl-coef", "0"), id="zero3-cc-separate-single-pass"),
+    # Prompts behind one long instruction: actors, critic and references compute the shared prefix once, sharded.
+    pytest.param(3, "separate", "centralized", ("--instructions",), id="zero3-cc-separate-shared-prefix"),
 ]
 
 
@@ -124,7 +126,11 @@ def test_deepspeed_matches_single_process(stage, layout, critic, extra, tmp_path
     base_path = tiny_model_dir("tiny-qwen2")  # built here, before any child process starts
     ds = _launch(stage, layout, critic, tmp_path, model_cache, extra)
     ref = _single(layout, critic, tmp_path, model_cache, extra)
-    assert ds["deferred_old_logprobs"] is ref["deferred_old_logprobs"] is bool(extra)
+    assert ds["deferred_old_logprobs"] is ref["deferred_old_logprobs"] is ("--epochs" in extra)
+    if "--instructions" in extra:
+        assert ds["shared_prefix_forwards"] > 0 and ref["shared_prefix_forwards"] > 0
+    else:  # the short test prompts share fewer than MIN_PREFIX_TOKENS tokens: every forward is the plain one
+        assert ds["shared_prefix_forwards"] == ref["shared_prefix_forwards"] == 0
 
     assert ds["world_size"] == 2 and ds["zero_stage"] == stage and "DEEPSPEED" in ds["distributed_type"]
     assert ref["world_size"] == 1 and ref["zero_stage"] == -1

@@ -141,6 +141,12 @@ class TeamConfig(_BaseConfig):
     ds3_gather_for_generation: bool = field(
         default=True, metadata={"help": "Gather ZeRO-3 weights for generation (faster; set False for models that do not fit on one device)."}
     )
+    share_prompt_prefix: bool = field(
+        default=True,
+        metadata={"help": "Compute the leading tokens that all rows of a training forward share (a task's instructions, the G "
+                  "samples of one prompt) once instead of once per row. Same numbers up to float rounding; falls back to "
+                  "the plain forward where it cannot apply (see trl_collm/prefix.py)."},
+    )
 
 
     max_prompt_length: int | None = field(

@@ -17,7 +17,8 @@ import contextlib
 import torch
 from torch import nn
 
-from .team import AgentTeam, _left_pad, position_ids_from_mask, truncate_left
+from .prefix import forward_last
+from .team import AgentTeam, _left_pad, truncate_left
 
 
 class ValueHead(nn.Module):
@@ -84,6 +85,7 @@ class CriticUnit(nn.Module):
         self.agent = agent
         self.adapter = adapter
         self.max_tokens: int | None = None  # longest view in tokens (set by the trainer from the model's context)
+        self.share_prefix = True  # compute the views' common prefix once (trl_collm/prefix.py)
         if placement == "separate":
             self.value_model = value_model
             if value_model_outputs(value_model) != num_outputs:
@@ -113,14 +115,11 @@ class CriticUnit(nn.Module):
     def head_module(self) -> nn.Module:
         return _score_layer(self.value_model) if self.placement == "separate" else self.head
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, keep: int | None = None) -> torch.Tensor:
+        """Values (B, keep, k) of the last `keep` positions (all positions when None) of a left-padded batch."""
         with self._body() as body:
-            hidden = body(
-                input_ids=input_ids,
-                attention_mask=attention_mask,
-                position_ids=position_ids_from_mask(attention_mask),
-                use_cache=False,
-            ).last_hidden_state
+            hidden = forward_last(body, input_ids, attention_mask, keep or input_ids.shape[1], causal_lm=False,
+                                  enabled=self.share_prefix and keep is not None)
         return self.head_module()(hidden).float()
 
     def own_parameters(self) -> list[nn.Parameter]:

@@ -77,6 +77,7 @@ class AgentTeam(nn.Module):
         self._refs = dict(ref_policies or {})
         # Longest prompt per agent in tokens (set by the trainer); longer prompts keep their last tokens.
         self.prompt_limits: dict[str, int | None] = {}
+        self.share_prefix = True  # compute the rows' common prompt prefix once (trl_collm/prefix.py)
 
     # ------------------------------------------------------------------ access
     def model_of(self, name: str) -> nn.Module:
@@ -172,7 +173,7 @@ class AgentTeam(nn.Module):
                 continue
             ids, mask = self.encode(n, observations[n], device)
             with unwrap(self.policies[n]) as model:
-                out = _chunked_generate(model, ids, mask, gen_kwargs, batch_size, None)
+                out = _chunked_generate(model, ids, mask, gen_kwargs, batch_size, None, self.share_prefix)
             result[n] = self._finish(n, ids, mask, out[:, ids.shape[1]:], stop_token_id)
         return result
 
@@ -205,19 +206,15 @@ class AgentTeam(nn.Module):
         """Per-token log-probs (B, Lr) of `response_ids` under agent `name` (or its reference policy)."""
         from trl.trainer.utils import entropy_from_logits, selective_log_softmax
 
+        from .prefix import forward_last
+
         ids = torch.cat([query_ids, response_ids], dim=1)
         mask = torch.cat([query_mask.long(), response_mask.long()], dim=1)
         lr = response_ids.shape[1]
         with self._reference_ctx(name) if reference else self.active(name) as model:
             model = self._refs[name] if reference and self._refs.get(name) is not None else model
-            out = model(
-                input_ids=ids,
-                attention_mask=mask,
-                position_ids=position_ids_from_mask(mask),
-                logits_to_keep=lr + 1,
-                use_cache=False,
-            )
-        logits = out.logits[:, :-1].float() / temperature
+            logits = forward_last(model, ids, mask, lr + 1, causal_lm=True, enabled=self.share_prefix)
+        logits = logits[:, :-1].float() / temperature
         logp = selective_log_softmax(logits, response_ids)
         logp = logp.masked_fill(~response_mask.bool(), 0.0)
         if not with_entropy:
@@ -299,7 +296,9 @@ def _trim_left(gen: Generation) -> Generation:
     return gen
 
 
-def _chunked_generate(model, ids, mask, gen_kwargs, batch_size, adapter_names):
+def _chunked_generate(model, ids, mask, gen_kwargs, batch_size, adapter_names, share_prefix=False):
+    from .prefix import generate_with_prefix
+
     outs = []
     step = batch_size or ids.shape[0] or 1
     width = None
@@ -307,7 +306,9 @@ def _chunked_generate(model, ids, mask, gen_kwargs, batch_size, adapter_names):
         kwargs = dict(gen_kwargs)
         if adapter_names is not None:
             kwargs["adapter_names"] = adapter_names[start : start + step]
-        out = model.generate(input_ids=ids[start : start + step], attention_mask=mask[start : start + step], **kwargs)
+        # Rows routed to different adapters do not share a prefix's keys, so mixed-adapter batches prefill it per row.
+        out = generate_with_prefix(model, ids[start : start + step], mask[start : start + step], kwargs,
+                                   enabled=share_prefix and adapter_names is None)
         outs.append(out)
     # Chunks may stop at different lengths; right-pad them to one width with the pad token.
     width = max(o.shape[1] for o in outs)

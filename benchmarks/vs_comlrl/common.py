@@ -90,11 +90,15 @@ def common_args(p):
     return p
 
 
-def parse_run_args(doc: str, argv=None):
-    """The run scripts' start: parse and check the shared command line, then set torch's threads."""
+def parse_run_args(doc: str, argv=None, extra=None):
+    """The run scripts' start: parse and check the shared command line (plus `extra(parser)`'s own flags), then set
+    torch's threads."""
     import argparse
 
-    opts = common_args(argparse.ArgumentParser(description=doc.split("\n\n")[0])).parse_args(argv)
+    parser = common_args(argparse.ArgumentParser(description=doc.split("\n\n")[0]))
+    if extra is not None:
+        extra(parser)
+    opts = parser.parse_args(argv)
     check_args(opts)
     import torch
 

@@ -1,8 +1,11 @@
 """trl_collm vs comlrl 1.4.3 (the paper's reference implementation), side by side, run by run.
 
 Builds the offline tiny models once (trl_collm.testing.save_tiny_model, into benchmarks/vs_comlrl/.models/), then
-ALTERNATES the two libraries, one subprocess per run: ours CC, theirs CC, ours DC, theirs DC, ours MC, theirs MC,
-repeated `--repeats` times (repeat r uses seed r for both libraries). Each run trains on the same task
+ALTERNATES the two libraries, one subprocess per run: ours CC, ours-plain CC, theirs CC, then DC, then MC,
+repeated `--repeats` times (repeat r uses seed r on every side). "ours-plain" is trl_collm with
+`share_prompt_prefix=False`: every row computes its whole prompt, as comlrl does, so its ratio is the one at equal
+arithmetic; "ours" is the default, which computes the prompt tokens all rows share once (`--no-plain` skips it).
+Each run trains on the same task
 (benchmarks/vs_comlrl/task.py) with the same models, sampling settings, learning rate, batch and episode budget,
 and prints one JSON line. The report gives medians over the repeats, the ratio ours/theirs and the final reward
 (mean team reward over the last quarter of each run's episodes).
@@ -32,7 +35,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 ALGOS = ("cc", "dc", "mc")
-LIBS = ("ours", "theirs")
+LIBS = ("ours", "plain", "theirs")  # plain: trl_collm with share_prompt_prefix=False
 ALGO_NAMES = {
     "cc": ("MultiAgentPPOTrainer, centralized (preset collm-1.4)", "MAACTrainer"),
     "dc": ("MultiAgentPPOTrainer, decentralized (preset collm-1.4)", "IACTrainer"),
@@ -54,8 +57,8 @@ def build_models(sizes, root):
 
 
 def run_one(lib, algo, models, seed, opts, episodes):
-    script = os.path.join(HERE, "run_ours.py" if lib == "ours" else "run_theirs.py")
-    python = sys.executable if lib == "ours" else opts.theirs_python
+    script = os.path.join(HERE, "run_theirs.py" if lib == "theirs" else "run_ours.py")
+    python = opts.theirs_python if lib == "theirs" else sys.executable
     cmd = [python, script, "--algo", algo, "--models", *models, "--episodes", str(episodes), "--batch", str(opts.batch),
            "--num-generations", str(opts.num_generations), "--max-new-tokens", str(opts.max_new_tokens),
            "--temperature", str(opts.temperature), "--top-p", str(opts.top_p), "--top-k", str(opts.top_k),
@@ -63,6 +66,8 @@ def run_one(lib, algo, models, seed, opts, episodes):
     if opts.threads:
         cmd += ["--threads", str(opts.threads)]
     cmd += ["--device", opts.device]
+    if lib == "plain":
+        cmd += ["--no-prefix-sharing"]
     env = dict(os.environ, HF_HUB_OFFLINE="1", WANDB_MODE="disabled", TOKENIZERS_PARALLELISM="false")
     if opts.threads:
         env.update(OMP_NUM_THREADS=str(opts.threads), MKL_NUM_THREADS=str(opts.threads))
@@ -106,10 +111,11 @@ def summarize(runs, sizes):
                     reward_last_all=[round(r["reward_last"], 4) for r in rs],
                     errors=[r["error"] for r in runs if r.get("size") == size and r["algo"] == algo and r.get("side") == lib and "error" in r],
                 )
-            o, t = row["ours"], row["theirs"]
-            ratio = lambda k: (o[k] / t[k]) if o[k] and t[k] else None  # noqa: E731
+            o, t, pl = row["ours"], row["theirs"], row["plain"]
+            ratio = lambda k, a=o: (a[k] / t[k]) if a[k] and t[k] else None  # noqa: E731
             row["ratio"] = dict(episodes_per_s=ratio("episodes_per_s"), gen_tokens_per_s=ratio("gen_tokens_per_s"),
-                                peak_rss_mib=ratio("peak_rss_mib"), peak_gpu_mib=ratio("peak_gpu_mib"))
+                                peak_rss_mib=ratio("peak_rss_mib"), peak_gpu_mib=ratio("peak_gpu_mib"),
+                                plain_episodes_per_s=ratio("episodes_per_s", pl))
             # Pairwise ratios (same repeat, back-to-back runs) are less sensitive to the machine's load drifting.
             pairs = []
             for seed in sorted({r["seed"] for r in runs if r.get("size") == size and r["algo"] == algo}):
@@ -142,14 +148,16 @@ def markdown(meta, rows):
         + " joint actions; repeats: " + ", ".join(f"{size} {n}" for size, n in meta["repeats"].items()) + ".")
     out.append("")
     mem, mem_name = ("peak_gpu_mib", "GPU") if s.get("device") == "cuda" else ("peak_rss_mib", "RSS")
-    out.append("| size | algo | ours ep/s | theirs ep/s | **ratio ep/s** | per-repeat ratios | ours tok/s | theirs tok/s | ratio tok/s "
-               f"| ours {mem_name} MiB | theirs {mem_name} MiB | {mem_name} ratio | ours final reward | theirs final reward |")
-    out.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    out.append("| size | algo | ours ep/s | theirs ep/s | **ratio ep/s** | per-repeat ratios | ours-plain ep/s (ratio) | ours tok/s "
+               f"| theirs tok/s | ratio tok/s | ours {mem_name} MiB | theirs {mem_name} MiB | {mem_name} ratio | ours final reward "
+               "| theirs final reward |")
+    out.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         o, t, q = r["ours"], r["theirs"], r["ratio"]
         out.append(
             f"| {r['size']} | {r['algo'].upper()} | {fmt(o['episodes_per_s'])} | {fmt(t['episodes_per_s'])} | **{fmt(q['episodes_per_s'])}x** "
             f"| {', '.join(f'{p:.1f}' for p in q['episodes_per_s_pairwise']) or 'n/a'} "
+            f"| {fmt(r['plain']['episodes_per_s'])} ({fmt(q['plain_episodes_per_s'])}x) "
             f"| {fmt(o['gen_tokens_per_s'], 0)} | {fmt(t['gen_tokens_per_s'], 0)} | {fmt(q['gen_tokens_per_s'])}x "
             f"| {fmt(o[mem], 0)} | {fmt(t[mem], 0)} | {fmt(q[mem])} "
             f"| {fmt(o['reward_last'], 3)} ({', '.join(f'{x:.2f}' for x in o['reward_last_all'])}) "
@@ -158,7 +166,10 @@ def markdown(meta, rows):
             if r[lib]["errors"]:
                 out.append(f"|  | {lib} errors: {'; '.join(r[lib]['errors'])} |||||||||||||")
     out.append("")
-    out.append("Medians over the repeats. ep/s: joint actions (reward evaluations) per second of `train()`; tok/s: tokens "
+    out.append("ours: trl_collm's defaults, which compute the prompt tokens that all rows of a forward share once "
+               "(`share_prompt_prefix`); ours-plain: the same run with it off, every row computing its whole prompt as "
+               "comlrl does (the comparison at equal arithmetic). "
+               "Medians over the repeats. ep/s: joint actions (reward evaluations) per second of `train()`; tok/s: tokens "
                "produced by `generate()` (all agents) per second of `train()`; RSS: the process's peak resident memory "
                "(`getrusage`), model loading included; GPU: `torch.cuda.max_memory_allocated()`. Final reward: mean team reward over the last quarter of the "
                "run's episodes, median over repeats (each repeat's value in brackets; a random team scores about 0.02, "
@@ -173,14 +184,22 @@ def plot(rows, path, title):
     import matplotlib.pyplot as plt
 
     sizes = list(dict.fromkeys(r["size"] for r in rows))
-    fig, ax = plt.subplots(figsize=(7, 4))
-    width = 0.8 / max(1, len(sizes))
+    variants = [("episodes_per_s", "", None)]
+    if any(r["ratio"].get("plain_episodes_per_s") for r in rows):
+        variants.append(("plain_episodes_per_s", ", prefix sharing off", "//"))
+    fig, ax = plt.subplots(figsize=(8, 4.2))
+    bars_per_algo = len(sizes) * len(variants)
+    width = 0.84 / bars_per_algo
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for i, size in enumerate(sizes):
-        vals = [next((r["ratio"]["episodes_per_s"] or 0) for r in rows if r["size"] == size and r["algo"] == a) for a in ALGOS]
-        xs = [j + (i - (len(sizes) - 1) / 2) * width for j in range(len(ALGOS))]
-        bars = ax.bar(xs, vals, width, label=f"{size} models")
-        for b, v in zip(bars, vals):
-            ax.text(b.get_x() + b.get_width() / 2, v, f"{v:.1f}x", ha="center", va="bottom", fontsize=9)
+        for k, (key, label, hatch) in enumerate(variants):
+            slot = i * len(variants) + k
+            vals = [next((r["ratio"].get(key) or 0) for r in rows if r["size"] == size and r["algo"] == a) for a in ALGOS]
+            xs = [j + (slot - (bars_per_algo - 1) / 2) * width for j in range(len(ALGOS))]
+            bars = ax.bar(xs, vals, width, label=f"{size} models{label}", color=colors[i % len(colors)], hatch=hatch,
+                          alpha=0.55 if hatch else 1.0, edgecolor="black" if hatch else None, linewidth=0.5)
+            for b, v in zip(bars, vals):
+                ax.text(b.get_x() + b.get_width() / 2, v, f"{v:.1f}x", ha="center", va="bottom", fontsize=8)
     ax.axhline(1.0, color="black", lw=0.8)
     ax.axhline(GOAL, color="red", ls="--", lw=1, label=f"goal {GOAL:g}x")
     ax.set_xticks(range(len(ALGOS)), [a.upper() for a in ALGOS])
@@ -239,6 +258,7 @@ def main(argv=None) -> int:
     p.add_argument("--out-dir", default=None, help="where the JSON/PNG go (default docs/data; /tmp for --smoke)")
     p.add_argument("--doc", default=os.path.join(ROOT, "docs", "benchmarks_vs_comlrl.md"))
     p.add_argument("--no-doc", action="store_true", help="do not touch the markdown doc")
+    p.add_argument("--no-plain", action="store_true", help="skip the ours-plain runs (trl_collm with share_prompt_prefix=False)")
     p.add_argument("--smoke", action="store_true", help="tiny, 1 repeat, 32 episodes, 4 tokens; writes under /tmp, not the doc")
     opts = p.parse_args(argv)
     if opts.smoke:
@@ -254,13 +274,14 @@ def main(argv=None) -> int:
     repeats = size_counts(opts.repeats_for, {"tiny": opts.repeats, "small": opts.small_repeats, "medium": 1, "0.5b": 1},
                           "--repeats-for")
 
+    sides = [lib for lib in LIBS if not (opts.no_plain and lib == "plain")]
     models = build_models(opts.sizes, opts.models_dir)
     runs = []
     t_all = time.perf_counter()
     for size in opts.sizes:
         for rep in range(repeats[size]):
             for algo in ALGOS:
-                for lib in LIBS:  # alternate: ours, theirs, for each algorithm, every repeat
+                for lib in sides:  # alternate: ours, ours-plain, theirs, for each algorithm, every repeat
                     r = run_one(lib, algo, models[size], rep, opts, episodes[size])
                     r["size"] = size
                     runs.append(r)

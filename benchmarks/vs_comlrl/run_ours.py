@@ -7,7 +7,8 @@ comlrl 1.4.3's MAACTrainer); dc = the same with critic_type="decentralized" (one
 layout); mc = MultiAgentMCTrainer, preset "magrpo" with scale_advantages=True (comlrl 1.4.3's MAGRPOTrainer divides
 the mean-centred returns by the group's std by default). Learning rate, optimizer (AdamW, weight decay 0.01 = torch's
 default, which comlrl uses), sampling and batch size as in run_theirs.py; the stop token is set outside the
-vocabulary so every response runs to --max-new-tokens.
+vocabulary so every response runs to --max-new-tokens. --no-prefix-sharing turns off the shared-prefix forward
+(`share_prompt_prefix=False`), so that every row computes its whole prompt, as comlrl does.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ import task  # noqa: E402
 
 
 def main(argv=None) -> int:
-    opts = common.parse_run_args(__doc__, argv)
+    opts = common.parse_run_args(__doc__, argv, extra=lambda p: p.add_argument(
+        "--no-prefix-sharing", action="store_true", help="share_prompt_prefix=False: every row computes its whole prompt"))
     import torch
     import transformers
     from datasets import Dataset
@@ -47,7 +49,7 @@ def main(argv=None) -> int:
             response_length=opts.max_new_tokens, temperature=opts.temperature, top_p=opts.top_p, top_k=opts.top_k,
             stop_token_id=len(tok),  # never sampled: responses always run to response_length
             num_train_epochs=1, use_cpu=opts.device == "cpu", bf16=False, report_to=[], save_strategy="no", logging_steps=1,
-            num_sample_generations=0, seed=opts.seed, disable_tqdm=True,
+            num_sample_generations=0, seed=opts.seed, disable_tqdm=True, share_prompt_prefix=not opts.no_prefix_sharing,
         )
         t_build = time.perf_counter()
         if opts.algo in ("cc", "dc"):

@@ -100,13 +100,12 @@ class MultiAgentPPOTrainer(TeamTrainerBase):
         sel = range(len(cb.views)) if rows is None else rows.tolist()
         suffix = [cb.suffix_ids[i] for i in sel] if cb.suffix_ids is not None else None
         ids, mask = unit.pad([cb.view_ids[i] for i in sel], self.accelerator.device, suffix_ids=suffix)
-        values = unit(ids, mask)  # (B, L, k)
         if suffix is None:
-            return values[:, -1, :]
+            return unit(ids, mask, keep=1)[:, -1, :]
         col = self.critic.output_index(cb.agents[0])
         lr = max(len(s) for s in suffix)
         # Left padding puts every suffix at the right end; value of the state before token j sits at L - lr - 1 + j.
-        return values[:, -lr - 1 : -1, col]
+        return unit(ids, mask, keep=lr + 1)[:, :-1, col]
 
     # ------------------------------------------------------------------ scoring (no grad)
     @torch.no_grad()

@@ -1,0 +1,175 @@
+"""The shared-prefix forward (trl_collm/prefix.py) gives the plain forward's numbers while computing the prefix once."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from trl_collm import prefix
+from trl_collm.team import _left_pad, position_ids_from_mask
+
+INSTRUCTION = list(range(40, 70))  # 30 tokens every row starts with
+
+
+def _batch():
+    rows = [INSTRUCTION + [100, 101, 102], INSTRUCTION + [110] * 7, INSTRUCTION + [120], INSTRUCTION[:24] + [130, 131]]
+    return _left_pad(rows, 0, "cpu")
+
+
+def test_split_finds_the_common_prefix_and_keeps_every_real_token_at_its_position():
+    ids, mask = _batch()  # longest row 37 tokens; the last row diverges after 24 instruction tokens
+    split = prefix.split_common_prefix(ids, mask, keep=2)
+    assert split.prefix_ids.tolist() == [INSTRUCTION[:24]]
+    assert split.attention_mask.shape[1] == 24 + split.rest_ids.shape[1]
+    # Each row's real rest tokens, in order, are its tokens after the prefix; positions continue from 24.
+    orig_pos = position_ids_from_mask(mask)
+    for i in range(ids.shape[0]):
+        real = mask[i].bool()
+        rest_real = split.rest_mask[i].bool()
+        assert split.rest_ids[i][rest_real].tolist() == ids[i][real].tolist()[24:]
+        assert split.rest_positions[i][rest_real].tolist() == orig_pos[i][real].tolist()[24:]
+    # Right ends stay aligned: the last `keep` columns are the original last columns.
+    assert torch.equal(split.rest_ids[:, -2:], ids[:, -2:])
+
+
+def test_split_declines_when_it_would_not_pay():
+    ids, mask = _batch()
+    assert prefix.split_common_prefix(ids, mask, keep=2, min_prefix=25) is None  # the common part is 24 tokens
+    assert prefix.split_common_prefix(ids[:1], mask[:1], keep=2) is None  # one row: nothing to share
+    # The kept tail may not reach into the prefix: the shortest row (26 tokens) leaves 26 - 20 = 6 < 16 prefix tokens.
+    assert prefix.split_common_prefix(ids, mask, keep=20) is None
+    distinct = _left_pad([[5] * 20, [6] * 20], 0, "cpu")
+    assert prefix.split_common_prefix(*distinct, keep=1) is None
+
+
+@pytest.fixture(scope="module")
+def tiny_lm(model_cache):
+    from transformers import AutoModelForCausalLM
+
+    from trl_collm.testing import tiny_model_dir
+
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir("tiny-qwen2"))
+
+
+def _with_responses(ids, mask):
+    g = torch.Generator().manual_seed(1)
+    resp = torch.randint(5, 200, (ids.shape[0], 6), generator=g)
+    rmask = torch.ones_like(resp)
+    rmask[1, 4:] = 0  # a response that stopped early: right padding inside the kept tail
+    return torch.cat([ids, resp], 1), torch.cat([mask, rmask], 1), resp, rmask
+
+
+def _logprob_loss(model, ids, mask, resp, rmask, enabled):
+    logits = prefix.forward_last(model, ids, mask, resp.shape[1] + 1, causal_lm=True, enabled=enabled)
+    logp = logits[:, :-1].log_softmax(-1).gather(-1, resp[..., None]).squeeze(-1)
+    return logits, (logp * rmask).sum()
+
+
+def test_causal_lm_logits_and_gradients_match_the_plain_forward(tiny_lm, monkeypatch):
+    ids, mask, resp, rmask = _with_responses(*_batch())
+    results = {}
+    for enabled in (False, True):
+        tiny_lm.zero_grad()
+        logits, loss = _logprob_loss(tiny_lm, ids, mask, resp, rmask, enabled)
+        loss.backward()
+        results[enabled] = (logits.detach(), {n: p.grad.clone() for n, p in tiny_lm.named_parameters() if p.grad is not None})
+    plain, shared = results[False], results[True]
+    assert shared[0].shape == plain[0].shape == (4, 7, tiny_lm.config.vocab_size)
+    torch.testing.assert_close(shared[0], plain[0], rtol=1e-5, atol=1e-5)
+    assert plain[1].keys() == shared[1].keys() and len(plain[1]) > 10
+    for name, grad in plain[1].items():
+        torch.testing.assert_close(shared[1][name], grad, rtol=1e-4, atol=1e-5, msg=name)
+    assert any(g.abs().sum() > 0 for g in plain[1].values())
+
+    # And the shared path really ran: one batch-1 call for the prefix, one for the rest.
+    calls = []
+    monkeypatch.setattr(tiny_lm, "forward", lambda *a, _f=tiny_lm.forward, **k: calls.append(k["input_ids"].shape) or _f(*a, **k))
+    _logprob_loss(tiny_lm, ids, mask, resp, rmask, True)
+    assert calls == [torch.Size([1, 24]), torch.Size([4, ids.shape[1] - 24])]  # the longest row has no left padding
+
+
+def test_backbone_hidden_states_match(tiny_lm):
+    ids, mask = _batch()
+    body = tiny_lm.model
+    plain = prefix.forward_last(body, ids, mask, 3, causal_lm=False, enabled=False)
+    shared = prefix.forward_last(body, ids, mask, 3, causal_lm=False, enabled=True)
+    assert shared.shape == plain.shape == (4, 3, tiny_lm.config.hidden_size)
+    torch.testing.assert_close(shared, plain, rtol=1e-5, atol=1e-5)
+
+
+def test_activation_checkpointing_falls_back_to_the_plain_forward(tiny_lm):
+    ids, mask = _batch()
+    assert prefix.supports_prefix_cache(tiny_lm)
+    tiny_lm.activation_checkpointing_enable()
+    try:
+        assert not prefix.supports_prefix_cache(tiny_lm)
+    finally:
+        tiny_lm.activation_checkpointing_disable()
+    assert prefix.supports_prefix_cache(tiny_lm)
+
+
+def test_generate_with_prefix_returns_the_plain_layout_and_tokens(tiny_lm):
+    ids, mask = _batch()
+    kwargs = dict(max_new_tokens=5, min_new_tokens=5, do_sample=False, pad_token_id=0)
+    plain = prefix.generate_with_prefix(tiny_lm, ids, mask, kwargs, enabled=False)
+    shared = prefix.generate_with_prefix(tiny_lm, ids, mask, kwargs, enabled=True)
+    assert shared.shape == plain.shape == (4, ids.shape[1] + 5)
+    assert torch.equal(shared[:, : ids.shape[1]], ids)
+    assert torch.equal(shared, plain)
+
+
+# ---------------------------------------------------------------- through the trainers
+LONG = "the team writes the plan and the critic gives a value to the plan of the team: "
+
+
+def _train(tmp_path, path, trainer_kind, layout, share, monkeypatch):
+    from datasets import Dataset
+
+    from conftest import RUN_SETTINGS
+    from trl_collm import MultiAgentMCConfig, MultiAgentMCTrainer, MultiAgentPPOConfig, MultiAgentPPOTrainer
+
+    used = []
+    plain_split = prefix.split_common_prefix
+
+    def counting(*a, **k):
+        split = plain_split(*a, **k)
+        used.append(split is not None)
+        return split
+
+    monkeypatch.setattr(prefix, "split_common_prefix", counting)
+    data = Dataset.from_dict({"prompt": [LONG + p for p in ("count one and", "red wool", "two plus three is", "the agents agree on")]})
+    common = dict(RUN_SETTINGS, output_dir=str(tmp_path / f"{trainer_kind}-{layout}-{share}"), num_agents=2, response_length=5,
+                  total_episodes=8, learning_rate=1e-3, seed=0, share_prompt_prefix=share)
+    peft_config = None
+    if layout == "shared_base":
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
+    if trainer_kind == "mc":
+        args = MultiAgentMCConfig(num_generations=2, per_device_train_batch_size=2, total_episodes=4,
+                                  **{k: v for k, v in common.items() if k != "total_episodes"})
+        trainer = MultiAgentMCTrainer(args=args, model=path, peft_config=peft_config, train_dataset=data,
+                                      reward_funcs=lambda prompts, completions, **kw: [float(len(c[0]) % 3) for c in completions])
+    else:
+        args = MultiAgentPPOConfig(critic_type=trainer_kind, per_device_train_batch_size=4, num_ppo_epochs=2, kl_coef=0.05, **common)
+        trainer = MultiAgentPPOTrainer(args=args, model=path, peft_config=peft_config, train_dataset=data,
+                                       reward_funcs=lambda prompts, completions, **kw: [float(len(c[0]) % 3) for c in completions])
+    trainer.train()
+    weights = {a: torch.cat([p.detach().flatten() for p in trainer.team.agent_parameters(a)]) for a in trainer.team.names}
+    return trainer._metrics_history, weights, sum(used)
+
+
+@pytest.mark.parametrize("trainer_kind,layout", [("centralized", "separate"), ("decentralized", "shared_base"), ("mc", "separate")])
+def test_training_with_a_shared_prefix_matches_training_without(tmp_path, qwen_path, trainer_kind, layout, monkeypatch):
+    hist_off, w_off, used_off = _train(tmp_path, qwen_path, trainer_kind, layout, False, monkeypatch)
+    hist_on, w_on, used_on = _train(tmp_path, qwen_path, trainer_kind, layout, True, monkeypatch)
+    assert used_off == 0 and used_on > 0
+    assert len(hist_on) == len(hist_off) == 2
+    for h_on, h_off in zip(hist_on, hist_off):
+        numeric = [k for k, v in h_off.items() if isinstance(v, float) and "time" not in k and "per_second" not in k]
+        assert len(numeric) > 5
+        for k in numeric:
+            assert h_on[k] == pytest.approx(h_off[k], rel=1e-3, abs=1e-5), k
+    for a in w_off:
+        torch.testing.assert_close(w_on[a], w_off[a], rtol=1e-4, atol=1e-6)
