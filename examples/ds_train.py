@@ -95,14 +95,14 @@ def main():
     import trl_collm.prefix
 
     shared_prefix_used = []  # how many forwards computed a shared prefix once (reported in metrics.json)
-    plain_split = trl_collm.prefix.split_common_prefix
+    plain_split = trl_collm.prefix.plan_split
 
     def counting_split(*a, **k):
         split = plain_split(*a, **k)
         shared_prefix_used.append(split is not None)
         return split
 
-    trl_collm.prefix.split_common_prefix = counting_split
+    trl_collm.prefix.plan_split = counting_split
 
     from trl_collm import MultiAgentMCConfig, MultiAgentMCTrainer, MultiAgentPPOConfig, MultiAgentPPOTrainer
     from trl_collm.testing import tiny_model_dir

@@ -19,13 +19,14 @@ def _batch():
 def test_split_finds_the_common_prefix_and_keeps_every_real_token_at_its_position():
     ids, mask = _batch()  # longest row 37 tokens; the last row diverges after 24 instruction tokens
     split = prefix.split_common_prefix(ids, mask, keep=2)
-    assert split.prefix_ids.tolist() == [INSTRUCTION[:24]]
+    assert split.head_ids.tolist() == [INSTRUCTION[:24]] and split.index is None
+    assert split.saved_tokens == 3 * 24
     assert split.attention_mask.shape[1] == 24 + split.rest_ids.shape[1]
     # Each row's real rest tokens, in order, are its tokens after the prefix; positions continue from 24.
     orig_pos = position_ids_from_mask(mask)
     for i in range(ids.shape[0]):
         real = mask[i].bool()
-        rest_real = split.rest_mask[i].bool()
+        rest_real = split.attention_mask[i, 24:].bool()
         assert split.rest_ids[i][rest_real].tolist() == ids[i][real].tolist()[24:]
         assert split.rest_positions[i][rest_real].tolist() == orig_pos[i][real].tolist()[24:]
     # Right ends stay aligned: the last `keep` columns are the original last columns.
@@ -40,6 +41,27 @@ def test_split_declines_when_it_would_not_pay():
     assert prefix.split_common_prefix(ids, mask, keep=20) is None
     distinct = _left_pad([[5] * 20, [6] * 20], 0, "cpu")
     assert prefix.split_common_prefix(*distinct, keep=1) is None
+    assert prefix.split_repeated_rows(*distinct, keep=1) is None  # no row repeats
+    assert prefix.plan_split(*distinct, keep=1) is None
+
+
+def _repeated_batch():
+    """Two prompts with no common prefix, each repeated as for G = 3 samples, with different responses."""
+    a, b = list(range(100, 130)), list(range(140, 160))
+    ids, mask = _left_pad([a, b, a, b, a, b], 0, "cpu")
+    return ids, mask
+
+
+def test_repeated_rows_run_each_distinct_head_once():
+    ids, mask, resp, rmask = _with_responses(*_repeated_batch())
+    assert prefix.split_common_prefix(ids, mask, keep=7) is None  # the two prompts start differently
+    split = prefix.plan_split(ids, mask, keep=7)
+    assert split.index is not None and split.head_ids.shape[0] == 2
+    # Each row's head is its own prompt's columns; the rest is the original tail, unchanged.
+    torch.testing.assert_close(split.head_ids[split.index], ids[:, :-7])
+    assert torch.equal(split.rest_ids, ids[:, -7:]) and torch.equal(split.attention_mask, mask)
+    assert split.saved_tokens == 2 * 29 + 2 * 19  # two extra copies of each prompt but its last token (kept for logits)
+    assert torch.equal(split.layout_ids, ids)
 
 
 @pytest.fixture(scope="module")
@@ -66,8 +88,9 @@ def _logprob_loss(model, ids, mask, resp, rmask, enabled):
     return logits, (logp * rmask).sum()
 
 
-def test_causal_lm_logits_and_gradients_match_the_plain_forward(tiny_lm, monkeypatch):
-    ids, mask, resp, rmask = _with_responses(*_batch())
+@pytest.mark.parametrize("batch", [_batch, _repeated_batch], ids=["common-prefix", "repeated-rows"])
+def test_causal_lm_logits_and_gradients_match_the_plain_forward(tiny_lm, monkeypatch, batch):
+    ids, mask, resp, rmask = _with_responses(*batch())
     results = {}
     for enabled in (False, True):
         tiny_lm.zero_grad()
@@ -75,26 +98,30 @@ def test_causal_lm_logits_and_gradients_match_the_plain_forward(tiny_lm, monkeyp
         loss.backward()
         results[enabled] = (logits.detach(), {n: p.grad.clone() for n, p in tiny_lm.named_parameters() if p.grad is not None})
     plain, shared = results[False], results[True]
-    assert shared[0].shape == plain[0].shape == (4, 7, tiny_lm.config.vocab_size)
+    assert shared[0].shape == plain[0].shape == (ids.shape[0], 7, tiny_lm.config.vocab_size)
     torch.testing.assert_close(shared[0], plain[0], rtol=1e-5, atol=1e-5)
     assert plain[1].keys() == shared[1].keys() and len(plain[1]) > 10
     for name, grad in plain[1].items():
         torch.testing.assert_close(shared[1][name], grad, rtol=1e-4, atol=1e-5, msg=name)
     assert any(g.abs().sum() > 0 for g in plain[1].values())
 
-    # And the shared path really ran: one batch-1 call for the prefix, one for the rest.
+    # And the shared path really ran: one call for the head(s), one for the rest.
     calls = []
     monkeypatch.setattr(tiny_lm, "forward", lambda *a, _f=tiny_lm.forward, **k: calls.append(k["input_ids"].shape) or _f(*a, **k))
     _logprob_loss(tiny_lm, ids, mask, resp, rmask, True)
-    assert calls == [torch.Size([1, 24]), torch.Size([4, ids.shape[1] - 24])]  # the longest row has no left padding
+    if batch is _batch:  # the prefix once (batch 1), then each row's rest (the longest row has no left padding)
+        assert calls == [torch.Size([1, 24]), torch.Size([4, ids.shape[1] - 24])]
+    else:  # the two distinct prompts but their last token, then every row's last prompt token and response
+        assert calls == [torch.Size([2, ids.shape[1] - 7]), torch.Size([6, 7])]
 
 
-def test_backbone_hidden_states_match(tiny_lm):
-    ids, mask = _batch()
+@pytest.mark.parametrize("batch", [_batch, _repeated_batch], ids=["common-prefix", "repeated-rows"])
+def test_backbone_hidden_states_match(tiny_lm, batch):
+    ids, mask = batch()
     body = tiny_lm.model
     plain = prefix.forward_last(body, ids, mask, 3, causal_lm=False, enabled=False)
     shared = prefix.forward_last(body, ids, mask, 3, causal_lm=False, enabled=True)
-    assert shared.shape == plain.shape == (4, 3, tiny_lm.config.hidden_size)
+    assert shared.shape == plain.shape == (ids.shape[0], 3, tiny_lm.config.hidden_size)
     torch.testing.assert_close(shared, plain, rtol=1e-5, atol=1e-5)
 
 
@@ -109,12 +136,13 @@ def test_activation_checkpointing_falls_back_to_the_plain_forward(tiny_lm):
     assert prefix.supports_prefix_cache(tiny_lm)
 
 
-def test_generate_with_prefix_returns_the_plain_layout_and_tokens(tiny_lm):
-    ids, mask = _batch()
+@pytest.mark.parametrize("batch", [_batch, _repeated_batch], ids=["common-prefix", "repeated-rows"])
+def test_generate_with_prefix_returns_the_plain_layout_and_tokens(tiny_lm, batch):
+    ids, mask = batch()
     kwargs = dict(max_new_tokens=5, min_new_tokens=5, do_sample=False, pad_token_id=0)
     plain = prefix.generate_with_prefix(tiny_lm, ids, mask, kwargs, enabled=False)
     shared = prefix.generate_with_prefix(tiny_lm, ids, mask, kwargs, enabled=True)
-    assert shared.shape == plain.shape == (4, ids.shape[1] + 5)
+    assert shared.shape == plain.shape == (ids.shape[0], ids.shape[1] + 5)
     assert torch.equal(shared[:, : ids.shape[1]], ids)
     assert torch.equal(shared, plain)
 
@@ -123,22 +151,25 @@ def test_generate_with_prefix_returns_the_plain_layout_and_tokens(tiny_lm):
 LONG = "the team writes the plan and the critic gives a value to the plan of the team: "
 
 
-def _train(tmp_path, path, trainer_kind, layout, share, monkeypatch):
+PROMPTS = ("count one and", "red wool", "two plus three is", "the agents agree on")
+
+
+def _train(tmp_path, path, trainer_kind, layout, share, monkeypatch, prompts):
     from datasets import Dataset
 
     from conftest import RUN_SETTINGS
     from trl_collm import MultiAgentMCConfig, MultiAgentMCTrainer, MultiAgentPPOConfig, MultiAgentPPOTrainer
 
     used = []
-    plain_split = prefix.split_common_prefix
+    plain_split = prefix.plan_split
 
     def counting(*a, **k):
         split = plain_split(*a, **k)
-        used.append(split is not None)
+        used.append(split is not None and (split.index is not None) == (prompts is REPEATED))  # the cut expected
         return split
 
-    monkeypatch.setattr(prefix, "split_common_prefix", counting)
-    data = Dataset.from_dict({"prompt": [LONG + p for p in ("count one and", "red wool", "two plus three is", "the agents agree on")]})
+    monkeypatch.setattr(prefix, "plan_split", counting)
+    data = Dataset.from_dict({"prompt": prompts})
     common = dict(RUN_SETTINGS, output_dir=str(tmp_path / f"{trainer_kind}-{layout}-{share}"), num_agents=2, response_length=5,
                   total_episodes=8, learning_rate=1e-3, seed=0, share_prompt_prefix=share)
     peft_config = None
@@ -160,10 +191,17 @@ def _train(tmp_path, path, trainer_kind, layout, share, monkeypatch):
     return trainer._metrics_history, weights, sum(used)
 
 
-@pytest.mark.parametrize("trainer_kind,layout", [("centralized", "separate"), ("decentralized", "shared_base"), ("mc", "separate")])
-def test_training_with_a_shared_prefix_matches_training_without(tmp_path, qwen_path, trainer_kind, layout, monkeypatch):
-    hist_off, w_off, used_off = _train(tmp_path, qwen_path, trainer_kind, layout, False, monkeypatch)
-    hist_on, w_on, used_on = _train(tmp_path, qwen_path, trainer_kind, layout, True, monkeypatch)
+INSTRUCTED = [LONG + p for p in PROMPTS]  # one long common prefix
+REPEATED = [" ".join([p] * 4) for p in PROMPTS]  # no common prefix; MC's G copies of a prompt repeat rows
+
+
+@pytest.mark.parametrize("trainer_kind,layout,prompts", [
+    ("centralized", "separate", INSTRUCTED), ("decentralized", "shared_base", INSTRUCTED), ("mc", "separate", INSTRUCTED),
+    ("mc", "shared_base", REPEATED),
+], ids=["cc-separate", "dc-lora", "mc-separate", "mc-lora-repeated-rows"])
+def test_training_with_a_shared_prefix_matches_training_without(tmp_path, qwen_path, trainer_kind, layout, prompts, monkeypatch):
+    hist_off, w_off, used_off = _train(tmp_path, qwen_path, trainer_kind, layout, False, monkeypatch, prompts)
+    hist_on, w_on, used_on = _train(tmp_path, qwen_path, trainer_kind, layout, True, monkeypatch, prompts)
     assert used_off == 0 and used_on > 0
     assert len(hist_on) == len(hist_off) == 2
     for h_on, h_off in zip(hist_on, hist_off):

@@ -1,20 +1,27 @@
 """Shared-prefix forward: the prompt tokens every row of a batch has in common are computed once.
 
-Rows of a rollout batch often start with the same tokens: the G samples of one prompt (MC), or a task's fixed
-instructions in front of each episode's details (every task here). A plain forward computes those tokens B times.
-Here the batch is re-laid out as ``[common prefix][each row's rest, left-padded]``: the prefix runs once (batch 1,
-with gradients), its keys and values are broadcast to the B rows as a KV cache, and the rest runs on top of it.
-Backward sums the rows' gradients into the one prefix computation, so values, log-probs and gradients equal the plain
-forward's up to float rounding (tests compare both).
+Rows of a rollout batch often start with the same tokens: a task's fixed instructions in front of each episode's
+details (every task here), or the G samples of one prompt (MC). A plain forward computes those tokens B times. Two
+cuts avoid that, and the one that saves more tokens is taken:
 
-Positions follow `position_ids_from_mask`: a row's real tokens are numbered from its first real token in both
-layouts, and the pads moved between prefix and rest are masked out, so every real token sees the same keys at the
+- common prefix: the batch is re-laid out as ``[common prefix][each row's rest, left-padded]``; the prefix runs once
+  (batch 1) and its keys and values are broadcast to the B rows;
+- repeated rows: rows whose columns before the caller's tail are identical (the G copies of a prompt) run those
+  columns once per distinct row, and each copy reads its original's keys and values.
+
+Either way the head runs with gradients and the rest runs on top of its KV cache. Backward sums the rows' gradients
+into the one head computation, so values, log-probs and gradients equal the plain forward's up to float rounding
+(tests compare both).
+
+Positions follow `position_ids_from_mask`: a row's real tokens are numbered from its first real token in every
+layout, and the pads moved between prefix and rest are masked out, so every real token sees the same keys at the
 same positions as before.
 
 Only the caller's last `keep` positions are returned (the response's logits, the value at the end of a view), which
-the rest always covers. When the layout gains little (a short prefix, one row) or the model cannot take a cache
-with gradients (gradient checkpointing recomputes layers and would grow the cache twice; sliding-window or
-recurrent layers; attention kernels that assume left padding), the plain forward runs instead.
+the rest always covers. When a cut gains little (a common prefix under MIN_PREFIX_TOKENS tokens, repeated rows
+saving fewer tokens than that, one row) or the model cannot take a cache with gradients (activation checkpointing
+recomputes layers and would grow the cache twice; sliding-window or recurrent layers; attention kernels that assume
+left padding), the plain forward runs instead.
 """
 
 from __future__ import annotations
@@ -30,26 +37,40 @@ _ATTENTION_OK = ("sdpa", "eager")
 
 
 @dataclass
-class PrefixSplit:
-    prefix_ids: torch.Tensor  # (1, P)
-    rest_ids: torch.Tensor  # (B, S): each row's tokens after the prefix, left-padded, right end aligned
-    rest_mask: torch.Tensor  # (B, S)
-    attention_mask: torch.Tensor  # (B, P + S): ones over the prefix, then rest_mask
+class SharedSplit:
+    """A batch cut into a head computed once per distinct head and a rest computed per row.
+
+    The head's keys/values become the rest's KV cache: row i reads head row `index[i]` (None: the single head row,
+    broadcast). `layout_ids` / `attention_mask` are the whole batch as the rest sees it (head columns first).
+    """
+
+    head_ids: torch.Tensor  # (U, H)
+    head_mask: torch.Tensor | None  # (U, H); None: all real tokens
+    head_positions: torch.Tensor  # (U, H)
+    index: torch.Tensor | None  # (B,) head row of each batch row; None: U == 1
+    rest_ids: torch.Tensor  # (B, S): right end aligned with the original batch
+    attention_mask: torch.Tensor  # (B, H + S)
     rest_positions: torch.Tensor  # (B, S)
+    saved_tokens: int  # real tokens the plain forward would compute and this one does not
+
+    @property
+    def layout_ids(self) -> torch.Tensor:
+        head = self.head_ids.expand(self.rest_ids.shape[0], -1) if self.index is None else self.head_ids[self.index]
+        return torch.cat([head, self.rest_ids], dim=1)
 
 
 def split_common_prefix(ids: torch.Tensor, mask: torch.Tensor, keep: int, min_prefix: int = MIN_PREFIX_TOKENS):
-    """The split of a left-padded batch at its longest common prefix of real tokens, or None if it is not worth it.
+    """Cut a left-padded batch at its rows' longest common prefix of real tokens, or None if it is not worth it.
 
-    `keep` positions at the right end must stay in the rest (they are what the caller reads).
+    The batch is re-laid out as ``[prefix][each row's rest, left-padded]``. `keep` positions at the right end must
+    stay in the rest (they are what the caller reads).
     """
     batch, length = ids.shape
     if batch < 2:
         return None
     mask = mask.long()
     first = mask.argmax(dim=1)  # first real token of each row (left padding)
-    start = int(first.max())  # columns before `start` are padding in at least one row
-    width = length - start - keep  # longest prefix that leaves every row `keep` positions of rest
+    width = length - int(first.max()) - keep  # longest prefix that leaves every row `keep` positions of rest
     if width < min_prefix:
         return None
     # Align every row at its first real token, then compare the first `width` tokens with row 0's.
@@ -65,13 +86,43 @@ def split_common_prefix(ids: torch.Tensor, mask: torch.Tensor, keep: int, min_pr
     rest_len = length - int(first.min()) - p
     offset = length - rest_len  # column of the rest's first position in the original layout
     src = torch.arange(rest_len, device=ids.device)[None, :] + offset  # (1, S) original columns, right-aligned
-    rest_start = first[:, None] + p  # (B, 1): where each row's rest starts
-    in_rest = src >= rest_start
+    in_rest = src >= first[:, None] + p
     rest_ids = torch.where(in_rest, ids[:, offset:], torch.zeros_like(ids[:, offset:]))
     rest_mask = torch.where(in_rest, mask[:, offset:], torch.zeros_like(mask[:, offset:]))
     attention_mask = torch.cat([torch.ones(batch, p, dtype=mask.dtype, device=mask.device), rest_mask], dim=1)
-    positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)[:, p:]
-    return PrefixSplit(aligned[:1, :p], rest_ids, rest_mask, attention_mask, positions)
+    positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    return SharedSplit(aligned[:1, :p], None, positions[:1, :p], None, rest_ids, attention_mask, positions[:, p:],
+                       saved_tokens=(batch - 1) * p)
+
+
+def split_repeated_rows(ids: torch.Tensor, mask: torch.Tensor, keep: int, min_prefix: int = MIN_PREFIX_TOKENS):
+    """Cut a left-padded batch before its last `keep` columns when rows repeat there (the G samples of one prompt).
+
+    The distinct heads run once each; every row reads its head's cache. No re-layout: the columns stay as they are.
+    """
+    batch, length = ids.shape
+    cut = length - keep
+    if batch < 2 or cut < 1:
+        return None
+    head = torch.cat([ids[:, :cut], mask[:, :cut].to(ids.dtype)], dim=1)
+    distinct, index = torch.unique(head, dim=0, return_inverse=True)
+    if len(distinct) == batch:
+        return None
+    head_mask = distinct[:, cut:].to(mask.dtype)
+    saved = int(mask[:, :cut].sum()) - int(head_mask.sum())
+    if saved < min_prefix:
+        return None
+    from .team import position_ids_from_mask
+
+    return SharedSplit(distinct[:, :cut], head_mask, position_ids_from_mask(head_mask), index, ids[:, cut:], mask,
+                       position_ids_from_mask(mask)[:, cut:], saved_tokens=saved)
+
+
+def plan_split(ids: torch.Tensor, mask: torch.Tensor, keep: int, min_prefix: int = MIN_PREFIX_TOKENS):
+    """The cut that saves more tokens (common prefix or repeated rows), or None when neither saves `min_prefix`."""
+    options = [s for s in (split_common_prefix(ids, mask, keep, min_prefix), split_repeated_rows(ids, mask, keep, min_prefix))
+               if s is not None]
+    return max(options, key=lambda s: s.saved_tokens) if options else None
 
 
 def supports_prefix_cache(model: nn.Module) -> bool:
@@ -103,45 +154,48 @@ def _cache_keyword(model: nn.Module) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
-def _broadcast_cache(cache, batch: int) -> None:
-    """The prefix's keys/values (batch 1) as views over `batch` rows; the rest's keys are appended by torch.cat."""
-    for layer in getattr(cache, "layers", []):
-        layer.keys = layer.keys.expand(batch, *layer.keys.shape[1:])
-        layer.values = layer.values.expand(batch, *layer.values.shape[1:])
-
-
-def forward_last(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, keep: int, causal_lm: bool,
-                 min_prefix: int = MIN_PREFIX_TOKENS, enabled: bool = True):
-    """Logits (causal_lm) or last hidden states of the last `keep` positions of a left-padded batch, (B, keep, ...).
-
-    The same numbers as one plain forward over (ids, mask), computing the rows' common prefix once when that helps.
-    """
-    from .team import position_ids_from_mask
-
-    split = split_common_prefix(ids, mask, keep, min_prefix) if enabled and supports_prefix_cache(model) else None
-    if split is None:
-        kwargs = dict(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask), use_cache=False)
-        if causal_lm:
-            return model(**kwargs, logits_to_keep=keep).logits
-        return model(**kwargs).last_hidden_state[:, -keep:]
-    p = split.prefix_ids.shape[1]
+def _head_cache(model: nn.Module, split: SharedSplit, causal_lm: bool):
+    """Run the head(s) once and return their KV cache laid out over the batch rows (gradients flow through it)."""
     head = model(
-        input_ids=split.prefix_ids,
-        position_ids=torch.arange(p, device=ids.device)[None, :],
+        input_ids=split.head_ids,
+        attention_mask=split.head_mask,
+        position_ids=split.head_positions,
         use_cache=True,
         **({"logits_to_keep": 1} if causal_lm else {}),
     )
     cache = getattr(head, "cache", None)
     if cache is None:
         cache = head.past_key_values
-    _broadcast_cache(cache, ids.shape[0])
-    kwargs = {
-        "input_ids": split.rest_ids,
-        "attention_mask": split.attention_mask,
-        "position_ids": split.rest_positions,
-        _cache_keyword(model): cache,
-        "use_cache": True,
-    }
+    batch = split.rest_ids.shape[0]
+    for layer in getattr(cache, "layers", []):
+        if split.index is None:  # one head row: views, no copies; the rest's keys are appended by torch.cat
+            layer.keys = layer.keys.expand(batch, *layer.keys.shape[1:])
+            layer.values = layer.values.expand(batch, *layer.values.shape[1:])
+        else:
+            layer.keys = layer.keys.index_select(0, split.index)
+            layer.values = layer.values.index_select(0, split.index)
+    return cache
+
+
+def forward_last(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, keep: int, causal_lm: bool,
+                 min_prefix: int = MIN_PREFIX_TOKENS, enabled: bool = True):
+    """Logits (causal_lm) or last hidden states of the last `keep` positions of a left-padded batch, (B, keep, ...).
+
+    The same numbers as one plain forward over (ids, mask), computing what rows share once when that helps.
+    """
+    from .team import position_ids_from_mask
+
+    split = plan_split(ids, mask, keep, min_prefix) if enabled and supports_prefix_cache(model) else None
+    if split is None:
+        kwargs = dict(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask), use_cache=False)
+    else:
+        kwargs = {
+            "input_ids": split.rest_ids,
+            "attention_mask": split.attention_mask,
+            "position_ids": split.rest_positions,
+            _cache_keyword(model): _head_cache(model, split, causal_lm),
+            "use_cache": True,
+        }
     if causal_lm:
         return model(**kwargs, logits_to_keep=keep).logits
     return model(**kwargs).last_hidden_state[:, -keep:]
@@ -150,22 +204,16 @@ def forward_last(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, keep: 
 @torch.no_grad()
 def generate_with_prefix(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, gen_kwargs: dict,
                          min_prefix: int = MIN_PREFIX_TOKENS, enabled: bool = True) -> torch.Tensor:
-    """`model.generate` on a left-padded batch, prefilling the rows' common prefix once.
+    """`model.generate` on a left-padded batch, prefilling what its rows share once.
 
     Returns what `generate(input_ids=ids, attention_mask=mask)` returns: the prompt columns of `ids` followed by the
-    new tokens. generate() reads a cache it is given as covering the first columns of every row, which the
-    ``[prefix][rest]`` layout satisfies; it numbers positions from the attention mask, as the plain call does.
+    new tokens. generate() reads a cache it is given as covering the first columns of every row, which both cuts
+    satisfy; it numbers positions from the attention mask, as the plain call does.
     """
-    split = split_common_prefix(ids, mask, 1, min_prefix) if enabled and supports_prefix_cache(model) else None
+    split = plan_split(ids, mask, 1, min_prefix) if enabled and supports_prefix_cache(model) else None
     if split is None:
         return model.generate(input_ids=ids, attention_mask=mask, **gen_kwargs)
-    batch, p = ids.shape[0], split.prefix_ids.shape[1]
-    head = model(input_ids=split.prefix_ids, position_ids=torch.arange(p, device=ids.device)[None, :], use_cache=True,
-                 logits_to_keep=1)
-    cache = getattr(head, "cache", None)
-    if cache is None:
-        cache = head.past_key_values
-    _broadcast_cache(cache, batch)
-    laid_out = torch.cat([split.prefix_ids.expand(batch, p), split.rest_ids], dim=1)
+    laid_out = split.layout_ids
+    cache = _head_cache(model, split, causal_lm=True)
     out = model.generate(input_ids=laid_out, attention_mask=split.attention_mask, **{_cache_keyword(model): cache}, **gen_kwargs)
     return torch.cat([ids, out[:, laid_out.shape[1]:]], dim=1)

@@ -6,7 +6,8 @@
 # 3. runs the side-by-side comparison on CUDA (compare.py --device cuda), alternating the libraries run by run.
 # Everything it writes goes to $OUT (the device tool's return folder), including a copy of
 # docs/benchmarks_vs_comlrl.md with its GPU section filled; copy that and the JSON / PNG into docs/ afterwards.
-# SIZES / SMALL_EPISODES / BIG_EPISODES / REPEATS override the defaults (small x2 at 128 episodes, 0.5b x1 at 64).
+# SIZES / SMALL_EPISODES / BIG_EPISODES / REPEATS override the defaults (small x2 at 128 episodes, 0.5b x1 at 64);
+# PLAIN=1 adds the ours-plain runs (share_prompt_prefix=False), which the 10-minute device call leaves out by default.
 set -euo pipefail
 OUT=${OUT:-/tmp/vs_comlrl_gpu}
 mkdir -p "$OUT"
@@ -26,5 +27,5 @@ cp docs/benchmarks_vs_comlrl.md "$OUT/"
 python3 benchmarks/vs_comlrl/compare.py --device cuda --sizes $SIZES --threads 0 \
   --small-repeats "${REPEATS:-2}" --small-episodes "${SMALL_EPISODES:-128}" \
   --episodes-for "0.5b=${BIG_EPISODES:-64}" "medium=${BIG_EPISODES:-64}" \
-  --theirs-python /tmp/theirs-python --models-dir /tmp/vs_models --run-timeout 400 \
+  --theirs-python /tmp/theirs-python --models-dir /tmp/vs_models --run-timeout 400 $([ "${PLAIN:-0}" = 1 ] || echo --no-plain) \
   --out-dir "$OUT" --doc "$OUT/benchmarks_vs_comlrl.md" 2>&1 | tee "$OUT/compare.log"
