@@ -211,3 +211,27 @@ def test_training_with_a_shared_prefix_matches_training_without(tmp_path, qwen_p
             assert h_on[k] == pytest.approx(h_off[k], rel=1e-3, abs=1e-5), k
     for a in w_off:
         torch.testing.assert_close(w_on[a], w_off[a], rtol=1e-4, atol=1e-6)
+
+
+def test_a_model_that_returns_no_cache_gets_the_plain_forward(tiny_lm):
+    class NoCache(torch.nn.Module):
+        """A causal LM wrapper whose outputs carry no KV cache (as some custom models do)."""
+
+        def __init__(self, lm):
+            super().__init__()
+            self.lm, self.config = lm, lm.config
+            self.calls = []
+
+        def forward(self, **kwargs):
+            self.calls.append(kwargs["input_ids"].shape)
+            out = self.lm(**kwargs)
+            for key in ("cache", "past_key_values"):
+                if key in out:
+                    out[key] = None
+            return out
+
+    ids, mask, resp, rmask = _with_responses(*_batch())
+    wrapped = NoCache(tiny_lm)
+    logits = prefix.forward_last(wrapped, ids, mask, 7, causal_lm=True)
+    assert wrapped.calls[0] == torch.Size([1, 24]) and wrapped.calls[-1] == ids.shape  # tried the prefix, fell back
+    torch.testing.assert_close(logits, prefix.forward_last(tiny_lm, ids, mask, 7, causal_lm=True, enabled=False))

@@ -165,9 +165,11 @@ def _head_cache(model: nn.Module, split: SharedSplit, causal_lm: bool):
     )
     cache = getattr(head, "cache", None)
     if cache is None:
-        cache = head.past_key_values
+        cache = getattr(head, "past_key_values", None)
+    if cache is None or not getattr(cache, "layers", None):
+        return None  # a model that returns no layered KV cache: the caller runs the plain forward
     batch = split.rest_ids.shape[0]
-    for layer in getattr(cache, "layers", []):
+    for layer in cache.layers:
         if split.index is None:  # one head row: views, no copies; the rest's keys are appended by torch.cat
             layer.keys = layer.keys.expand(batch, *layer.keys.shape[1:])
             layer.values = layer.values.expand(batch, *layer.values.shape[1:])
@@ -186,14 +188,15 @@ def forward_last(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, keep: 
     from .team import position_ids_from_mask
 
     split = plan_split(ids, mask, keep, min_prefix) if enabled and supports_prefix_cache(model) else None
-    if split is None:
+    cache = _head_cache(model, split, causal_lm) if split is not None else None
+    if cache is None:
         kwargs = dict(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask), use_cache=False)
     else:
         kwargs = {
             "input_ids": split.rest_ids,
             "attention_mask": split.attention_mask,
             "position_ids": split.rest_positions,
-            _cache_keyword(model): _head_cache(model, split, causal_lm),
+            _cache_keyword(model): cache,
             "use_cache": True,
         }
     if causal_lm:
@@ -211,9 +214,9 @@ def generate_with_prefix(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor
     satisfy; it numbers positions from the attention mask, as the plain call does.
     """
     split = plan_split(ids, mask, 1, min_prefix) if enabled and supports_prefix_cache(model) else None
-    if split is None:
+    cache = _head_cache(model, split, causal_lm=True) if split is not None else None
+    if cache is None:
         return model.generate(input_ids=ids, attention_mask=mask, **gen_kwargs)
     laid_out = split.layout_ids
-    cache = _head_cache(model, split, causal_lm=True)
     out = model.generate(input_ids=laid_out, attention_mask=split.attention_mask, **{_cache_keyword(model): cache}, **gen_kwargs)
     return torch.cat([ids, out[:, laid_out.shape[1]:]], dim=1)
