@@ -74,6 +74,15 @@ def tiny_lm(model_cache):
     return AutoModelForCausalLM.from_pretrained(tiny_model_dir("tiny-qwen2"))
 
 
+@pytest.fixture(scope="module")
+def tiny_llama(model_cache):
+    from transformers import AutoModelForCausalLM
+
+    from trl_collm.testing import tiny_model_dir
+
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir("tiny-llama-b", arch="llama", flavor="b"))
+
+
 def _with_responses(ids, mask):
     g = torch.Generator().manual_seed(1)
     resp = torch.randint(5, 200, (ids.shape[0], 6), generator=g)
@@ -116,12 +125,14 @@ def test_causal_lm_logits_and_gradients_match_the_plain_forward(tiny_lm, monkeyp
 
 
 @pytest.mark.parametrize("batch", [_batch, _repeated_batch], ids=["common-prefix", "repeated-rows"])
-def test_backbone_hidden_states_match(tiny_lm, batch):
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_backbone_hidden_states_match(tiny_lm, tiny_llama, batch, arch):
+    lm = tiny_lm if arch == "qwen2" else tiny_llama
     ids, mask = batch()
-    body = tiny_lm.model
+    body = lm.model
     plain = prefix.forward_last(body, ids, mask, 3, causal_lm=False, enabled=False)
     shared = prefix.forward_last(body, ids, mask, 3, causal_lm=False, enabled=True)
-    assert shared.shape == plain.shape == (ids.shape[0], 3, tiny_lm.config.hidden_size)
+    assert shared.shape == plain.shape == (ids.shape[0], 3, lm.config.hidden_size)
     torch.testing.assert_close(shared, plain, rtol=1e-5, atol=1e-5)
 
 
