@@ -319,12 +319,6 @@ class MultiAgentPPOConfig(TeamConfig):
         metadata={"help": "One word that sets the update rule: 'collm' (the paper's reference rule, comlrl 1.3.2) or 'collm-1.4' (gamma 1.0, no grad clip)."},
     )
 
-
-    preset: str | None = field(
-        default=None,
-        metadata={"help": "One word that sets the update rule: 'collm' (the paper's reference rule, comlrl 1.3.2) or 'collm-1.4' (gamma 1.0, no grad clip)."},
-    )
-
     def resolve_for_team(self, num_agents: int) -> None:
         if self.advantage_level is None:
             self.advantage_level = "token" if num_agents == 1 else "turn"

@@ -90,10 +90,10 @@ def med(xs):
     return statistics.median(xs) if xs else None
 
 
-def summarize(runs, sizes):
+def summarize(runs, sizes, algos=ALGOS):
     rows = []
     for size in sizes:
-        for algo in ALGOS:
+        for algo in algos:
             row = dict(size=size, algo=algo)
             for lib in LIBS:
                 rs = [r for r in runs if r.get("size") == size and r["algo"] == algo and r.get("side") == lib and "error" not in r]
@@ -157,8 +157,8 @@ def markdown(meta, rows):
         out.append(
             f"| {r['size']} | {r['algo'].upper()} | {fmt(o['episodes_per_s'])} | {fmt(t['episodes_per_s'])} | **{fmt(q['episodes_per_s'])}x** "
             f"| {', '.join(f'{p:.1f}' for p in q['episodes_per_s_pairwise']) or 'n/a'} "
-            f"| {fmt(r['plain']['episodes_per_s'])} ({fmt(q['plain_episodes_per_s'])}x) "
-            f"| {fmt(o['gen_tokens_per_s'], 0)} | {fmt(t['gen_tokens_per_s'], 0)} | {fmt(q['gen_tokens_per_s'])}x "
+            + (f"| {fmt(r['plain']['episodes_per_s'])} ({fmt(q['plain_episodes_per_s'])}x) " if r["plain"]["n"] else "| not run ")
+            + f"| {fmt(o['gen_tokens_per_s'], 0)} | {fmt(t['gen_tokens_per_s'], 0)} | {fmt(q['gen_tokens_per_s'])}x "
             f"| {fmt(o[mem], 0)} | {fmt(t[mem], 0)} | {fmt(q[mem])} "
             f"| {fmt(o['reward_last'], 3)} ({', '.join(f'{x:.2f}' for x in o['reward_last_all'])}) "
             f"| {fmt(t['reward_last'], 3)} ({', '.join(f'{x:.2f}' for x in t['reward_last_all'])}) |")
@@ -184,6 +184,7 @@ def plot(rows, path, title):
     import matplotlib.pyplot as plt
 
     sizes = list(dict.fromkeys(r["size"] for r in rows))
+    algos = list(dict.fromkeys(r["algo"] for r in rows))
     variants = [("episodes_per_s", "", None)]
     if any(r["ratio"].get("plain_episodes_per_s") for r in rows):
         variants.append(("plain_episodes_per_s", ", prefix sharing off", "//"))
@@ -194,15 +195,15 @@ def plot(rows, path, title):
     for i, size in enumerate(sizes):
         for k, (key, label, hatch) in enumerate(variants):
             slot = i * len(variants) + k
-            vals = [next((r["ratio"].get(key) or 0) for r in rows if r["size"] == size and r["algo"] == a) for a in ALGOS]
-            xs = [j + (slot - (bars_per_algo - 1) / 2) * width for j in range(len(ALGOS))]
+            vals = [next((r["ratio"].get(key) or 0) for r in rows if r["size"] == size and r["algo"] == a) for a in algos]
+            xs = [j + (slot - (bars_per_algo - 1) / 2) * width for j in range(len(algos))]
             bars = ax.bar(xs, vals, width, label=f"{size} models{label}", color=colors[i % len(colors)], hatch=hatch,
                           alpha=0.55 if hatch else 1.0, edgecolor="black" if hatch else None, linewidth=0.5)
             for b, v in zip(bars, vals):
                 ax.text(b.get_x() + b.get_width() / 2, v, f"{v:.1f}x", ha="center", va="bottom", fontsize=8)
     ax.axhline(1.0, color="black", lw=0.8)
     ax.axhline(GOAL, color="red", ls="--", lw=1, label=f"goal {GOAL:g}x")
-    ax.set_xticks(range(len(ALGOS)), [a.upper() for a in ALGOS])
+    ax.set_xticks(range(len(algos)), [a.upper() for a in algos])
     ax.set_ylabel("throughput ratio trl_collm / comlrl (episodes/s)")
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8)
@@ -258,6 +259,8 @@ def main(argv=None) -> int:
     p.add_argument("--out-dir", default=None, help="where the JSON/PNG go (default docs/data; /tmp for --smoke)")
     p.add_argument("--doc", default=os.path.join(ROOT, "docs", "benchmarks_vs_comlrl.md"))
     p.add_argument("--no-doc", action="store_true", help="do not touch the markdown doc")
+    p.add_argument("--algos", nargs="+", default=list(ALGOS), choices=ALGOS, help="which trainers to compare")
+    p.add_argument("--tag", default="", help="appended to the JSON/PNG names (a run that must not replace the dated files)")
     p.add_argument("--no-plain", action="store_true", help="skip the ours-plain runs (trl_collm with share_prompt_prefix=False)")
     p.add_argument("--smoke", action="store_true", help="tiny, 1 repeat, 32 episodes, 4 tokens; writes under /tmp, not the doc")
     opts = p.parse_args(argv)
@@ -280,7 +283,7 @@ def main(argv=None) -> int:
     t_all = time.perf_counter()
     for size in opts.sizes:
         for rep in range(repeats[size]):
-            for algo in ALGOS:
+            for algo in opts.algos:
                 for lib in sides:  # alternate: ours, ours-plain, theirs, for each algorithm, every repeat
                     r = run_one(lib, algo, models[size], rep, opts, episodes[size])
                     r["size"] = size
@@ -293,7 +296,7 @@ def main(argv=None) -> int:
                               f"{r['gen_tokens_per_s']:8.0f} tok/s  RSS {r['peak_rss_mib']:5.0f} MiB  reward {r['reward_first']:+.3f} -> "
                               f"{r['reward_last']:+.3f}  (train {r['train_s']:.1f}s)", flush=True)
     total = time.perf_counter() - t_all
-    rows = summarize(runs, opts.sizes)
+    rows = summarize(runs, opts.sizes, opts.algos)
     ours_v = next((r["version"] for r in runs if r.get("side") == "ours" and "version" in r), "?")
     theirs_v = next((r["version"] for r in runs if r.get("side") == "theirs" and "version" in r), "?")
     cmd = "python benchmarks/vs_comlrl/compare.py " + " ".join(argv if argv is not None else sys.argv[1:])
@@ -307,13 +310,13 @@ def main(argv=None) -> int:
                       temperature=opts.temperature, top_p=opts.top_p, top_k=opts.top_k, lr=opts.lr, tail=opts.tail,
                       threads=opts.threads or "default", device=opts.device),
         episodes={s: episodes[s] for s in opts.sizes}, repeats={s: repeats[s] for s in opts.sizes},
-        trainers={a: dict(ours=ALGO_NAMES[a][0], theirs=ALGO_NAMES[a][1]) for a in ALGOS},
+        trainers={a: dict(ours=ALGO_NAMES[a][0], theirs=ALGO_NAMES[a][1]) for a in opts.algos},
     )
     block = markdown(meta, rows) + f"\n\nTotal wall time {total / 60:.1f} min; trl_collm {ours_v}, comlrl {theirs_v}, torch {meta['torch']}, " \
                                    f"transformers {meta['transformers']}, Python {meta['python']}."
     print()
     print(block)
-    stem = "vs_comlrl_smoke" if opts.smoke else f"vs_comlrl_{'gpu_' if opts.device == 'cuda' else ''}{date}"
+    stem = "vs_comlrl_smoke" if opts.smoke else f"vs_comlrl_{'gpu_' if opts.device == 'cuda' else ''}{date}{opts.tag and '_' + opts.tag}"
     json_path = os.path.join(out_dir, f"{stem}.json")
     with open(json_path, "w") as f:
         json.dump(dict(meta=meta, summary=rows, runs=runs), f, indent=2)
