@@ -80,3 +80,14 @@ def test_paper_findings_rejects_bad_jobs(tmp_path):
 
 
 pytestmark = pytest.mark.timeout(900)
+
+
+def test_bench_prefix_smoke(tmp_path):
+    path = tmp_path / "prefix.json"
+    stdout = run_script(["benchmarks/bench_prefix.py", "--smoke", "--json", str(path)], tmp_path)
+    rows = json.loads(path.read_text())["results"]
+    assert {r["case"] for r in rows} == {"coord-penalty/cc", "writing-summary/mc"}
+    for r in rows:
+        assert r["shared"]["iteration_s"] > 0 and r["plain"]["iteration_s"] > 0
+        assert r["plain"]["saved"] == 0 < r["shared"]["saved"] < r["shared"]["tokens"]  # the cut only runs when on
+    assert "forward tokens skipped" in stdout
