@@ -52,6 +52,20 @@ def _repeated_batch():
     return ids, mask
 
 
+def test_rows_with_different_keys_never_share_a_head():
+    ids, mask = _repeated_batch()  # prompts a, b, a, b, a, b
+    keys = torch.tensor([0, 0, 1, 1, 1, 1])  # the first a / b run with another adapter than the other four
+    split = prefix.split_repeated_rows(ids, mask, keep=1, row_keys=keys)
+    assert split.head_ids.shape[0] == 4 and sorted(split.head_keys.tolist()) == [0, 0, 1, 1]
+    assert split.index[0] != split.index[2] and split.index[2] == split.index[4] and split.index[1] != split.index[3]
+    assert (split.head_keys[split.index] == keys).all()
+    ids, mask = _batch()
+    split = prefix.plan_split(ids, mask, keep=1, row_keys=torch.tensor([0, 1, 0, 1]))
+    assert split.head_keys.tolist() == [0, 1] and split.index.tolist() == [0, 1, 0, 1]
+    assert split.saved_tokens == 2 * 24  # the 24-token prefix runs twice (once per key) instead of four times
+    assert prefix.plan_split(ids, mask, keep=1, row_keys=torch.arange(4)) is None  # every row its own key
+
+
 def test_repeated_rows_run_each_distinct_head_once():
     ids, mask, resp, rmask = _with_responses(*_repeated_batch())
     assert prefix.split_common_prefix(ids, mask, keep=7) is None  # the two prompts start differently
@@ -246,3 +260,46 @@ def test_a_model_that_returns_no_cache_gets_the_plain_forward(tiny_lm):
     logits = prefix.forward_last(wrapped, ids, mask, 7, causal_lm=True)
     assert wrapped.calls[0] == torch.Size([1, 24]) and wrapped.calls[-1] == ids.shape  # tried the prefix, fell back
     torch.testing.assert_close(logits, prefix.forward_last(tiny_lm, ids, mask, 7, causal_lm=True, enabled=False))
+
+
+def test_mixed_adapter_generation_shares_a_head_only_within_an_adapter(tmp_path, qwen_path, monkeypatch):
+    from datasets import Dataset
+    from peft import LoraConfig
+
+    from conftest import RUN_SETTINGS
+    from trl_collm import MultiAgentPPOConfig, MultiAgentPPOTrainer
+
+    args = MultiAgentPPOConfig(output_dir=str(tmp_path / "o"), num_agents=2, response_length=5, per_device_train_batch_size=4,
+                               **RUN_SETTINGS)
+    trainer = MultiAgentPPOTrainer(args=args, model=qwen_path, peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj"]),
+                                   train_dataset=Dataset.from_dict({"prompt": INSTRUCTED}),
+                                   reward_funcs=lambda prompts, completions, **kw: [0.0] * len(completions))
+    team = trainer.team
+    assert team.layout == "shared_base"
+    trainer.model.eval()  # as the rollout does (PEFT refuses adapter_names in training mode)
+    torch.manual_seed(0)
+    with torch.no_grad():  # LoRA B starts at zero (adapter = base): make the two agents' keys really differ
+        for name, param in team.shared_base.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0.0, 0.5)
+    same_prompts = [LONG + p for p in PROMPTS] * 2  # every agent sees the same 8 prompts (each one twice)
+    observations = {a: list(same_prompts) for a in team.names}
+    tok = team.tokenizers[team.names[0]]
+    kwargs = dict(max_new_tokens=5, min_new_tokens=5, do_sample=False, pad_token_id=tok.pad_token_id)
+
+    team.share_prefix = False
+    plain = team.generate(observations, "cpu", kwargs)
+    splits = []
+    plain_split = prefix.plan_split
+    monkeypatch.setattr(prefix, "plan_split", lambda *a, **k: splits.append(plain_split(*a, **k)) or splits[-1])
+    team.share_prefix = True
+    shared = team.generate(observations, "cpu", kwargs)
+
+    a, b = team.names
+    assert not torch.equal(plain[a].response_ids, plain[b].response_ids)  # the adapters answer differently
+    for name in team.names:
+        assert torch.equal(shared[name].response_ids, plain[name].response_ids), name
+    # One generate() over both agents' 16 rows: the common instruction runs once per adapter (it saves more than the
+    # 8 distinct (prompt, adapter) heads would), and each row reads its own adapter's.
+    (split,) = [s for s in splits if s is not None]
+    assert split.head_keys.tolist() == [0, 1] and split.index.tolist() == [0] * 8 + [1] * 8

@@ -52,6 +52,7 @@ class SharedSplit:
     attention_mask: torch.Tensor  # (B, H + S)
     rest_positions: torch.Tensor  # (B, S)
     saved_tokens: int  # real tokens the plain forward would compute and this one does not
+    head_keys: torch.Tensor | None = None  # (U,) the row key (e.g. LoRA adapter) each head row runs with
 
     @property
     def layout_ids(self) -> torch.Tensor:
@@ -95,34 +96,58 @@ def split_common_prefix(ids: torch.Tensor, mask: torch.Tensor, keep: int, min_pr
                        saved_tokens=(batch - 1) * p)
 
 
-def split_repeated_rows(ids: torch.Tensor, mask: torch.Tensor, keep: int, min_prefix: int = MIN_PREFIX_TOKENS):
+def split_repeated_rows(ids: torch.Tensor, mask: torch.Tensor, keep: int, min_prefix: int = MIN_PREFIX_TOKENS,
+                        row_keys: torch.Tensor | None = None):
     """Cut a left-padded batch before its last `keep` columns when rows repeat there (the G samples of one prompt).
 
-    The distinct heads run once each; every row reads its head's cache. No re-layout: the columns stay as they are.
+    The distinct heads (and keys) run once each; every row reads its head's cache. No re-layout: the columns stay
+    as they are.
     """
     batch, length = ids.shape
     cut = length - keep
     if batch < 2 or cut < 1:
         return None
-    head = torch.cat([ids[:, :cut], mask[:, :cut].to(ids.dtype)], dim=1)
-    distinct, index = torch.unique(head, dim=0, return_inverse=True)
+    parts = [ids[:, :cut], mask[:, :cut].to(ids.dtype)]
+    if row_keys is not None:
+        parts.append(row_keys.to(ids.dtype)[:, None])
+    distinct, index = torch.unique(torch.cat(parts, dim=1), dim=0, return_inverse=True)
     if len(distinct) == batch:
         return None
-    head_mask = distinct[:, cut:].to(mask.dtype)
+    head_keys = distinct[:, -1] if row_keys is not None else None
+    head_mask = distinct[:, cut : 2 * cut].to(mask.dtype)
     saved = int(mask[:, :cut].sum()) - int(head_mask.sum())
     if saved < min_prefix:
         return None
     from .team import position_ids_from_mask
 
     return SharedSplit(distinct[:, :cut], head_mask, position_ids_from_mask(head_mask), index, ids[:, cut:], mask,
-                       position_ids_from_mask(mask)[:, cut:], saved_tokens=saved)
+                       position_ids_from_mask(mask)[:, cut:], saved_tokens=saved, head_keys=head_keys)
 
 
-def plan_split(ids: torch.Tensor, mask: torch.Tensor, keep: int, min_prefix: int = MIN_PREFIX_TOKENS):
-    """The cut that saves more tokens (common prefix or repeated rows), or None when neither saves `min_prefix`."""
-    options = [s for s in (split_common_prefix(ids, mask, keep, min_prefix), split_repeated_rows(ids, mask, keep, min_prefix))
-               if s is not None]
+def plan_split(ids: torch.Tensor, mask: torch.Tensor, keep: int, min_prefix: int = MIN_PREFIX_TOKENS,
+               row_keys: torch.Tensor | None = None):
+    """The cut that saves more tokens (common prefix or repeated rows), or None when neither saves `min_prefix`.
+
+    `row_keys` (B,) integers: rows with different keys never share a head (the LoRA adapter each row runs with).
+    """
+    common = split_common_prefix(ids, mask, keep, min_prefix)
+    if common is not None and row_keys is not None:
+        common = _one_head_per_key(common, row_keys)
+    options = [s for s in (common, split_repeated_rows(ids, mask, keep, min_prefix, row_keys)) if s is not None]
     return max(options, key=lambda s: s.saved_tokens) if options else None
+
+
+def _one_head_per_key(split: SharedSplit, row_keys: torch.Tensor) -> SharedSplit | None:
+    """A common-prefix cut whose prefix runs once per distinct key instead of once."""
+    keys, index = torch.unique(row_keys, return_inverse=True)
+    batch, p = row_keys.shape[0], split.head_ids.shape[1]
+    if len(keys) == batch:
+        return None
+    split.head_ids = split.head_ids.expand(len(keys), p)
+    split.head_positions = split.head_positions.expand(len(keys), p)
+    split.index, split.head_keys = index, keys
+    split.saved_tokens = (batch - len(keys)) * p
+    return split
 
 
 def supports_prefix_cache(model: nn.Module) -> bool:
@@ -154,7 +179,7 @@ def _cache_keyword(model: nn.Module) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
-def _head_cache(model: nn.Module, split: SharedSplit, causal_lm: bool):
+def _head_cache(model: nn.Module, split: SharedSplit, causal_lm: bool, **head_kwargs):
     """Run the head(s) once and return their KV cache laid out over the batch rows (gradients flow through it)."""
     head = model(
         input_ids=split.head_ids,
@@ -162,6 +187,7 @@ def _head_cache(model: nn.Module, split: SharedSplit, causal_lm: bool):
         position_ids=split.head_positions,
         use_cache=True,
         **({"logits_to_keep": 1} if causal_lm else {}),
+        **head_kwargs,
     )
     cache = getattr(head, "cache", None)
     if cache is None:
@@ -211,10 +237,20 @@ def generate_with_prefix(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor
 
     Returns what `generate(input_ids=ids, attention_mask=mask)` returns: the prompt columns of `ids` followed by the
     new tokens. generate() reads a cache it is given as covering the first columns of every row, which both cuts
-    satisfy; it numbers positions from the attention mask, as the plain call does.
+    satisfy; it numbers positions from the attention mask, as the plain call does. With PEFT's mixed-adapter batches
+    (`adapter_names` in `gen_kwargs`, one per row) a head is shared only by rows of the same adapter.
     """
-    split = plan_split(ids, mask, 1, min_prefix) if enabled and supports_prefix_cache(model) else None
-    cache = _head_cache(model, split, causal_lm=True) if split is not None else None
+    split, head_kwargs = None, {}
+    if enabled and supports_prefix_cache(model):
+        names = gen_kwargs.get("adapter_names")
+        keys = None
+        if names is not None:
+            distinct = sorted(set(names))
+            keys = torch.tensor([distinct.index(n) for n in names], device=ids.device)
+        split = plan_split(ids, mask, 1, min_prefix, row_keys=keys)
+        if split is not None and names is not None:
+            head_kwargs["adapter_names"] = [distinct[int(k)] for k in split.head_keys]
+    cache = _head_cache(model, split, causal_lm=True, **head_kwargs) if split is not None else None
     if cache is None:
         return model.generate(input_ids=ids, attention_mask=mask, **gen_kwargs)
     laid_out = split.layout_ids

@@ -157,7 +157,7 @@ class AgentTeam(nn.Module):
             ids, mask = _left_pad(all_rows, tok.pad_token_id, device)
             adapter_names = [n for n in names for _ in range(len(observations[n]))]
             with unwrap(self.shared_base) as model:
-                out = _chunked_generate(model, ids, mask, gen_kwargs, batch_size, adapter_names)
+                out = _chunked_generate(model, ids, mask, gen_kwargs, batch_size, adapter_names, self.share_prefix)
             result, start = {}, 0
             for n in names:
                 count = len(observations[n])
@@ -306,9 +306,7 @@ def _chunked_generate(model, ids, mask, gen_kwargs, batch_size, adapter_names, s
         kwargs = dict(gen_kwargs)
         if adapter_names is not None:
             kwargs["adapter_names"] = adapter_names[start : start + step]
-        # Rows routed to different adapters do not share a prefix's keys, so mixed-adapter batches prefill it per row.
-        out = generate_with_prefix(model, ids[start : start + step], mask[start : start + step], kwargs,
-                                   enabled=share_prefix and adapter_names is None)
+        out = generate_with_prefix(model, ids[start : start + step], mask[start : start + step], kwargs, enabled=share_prefix)
         outs.append(out)
     # Chunks may stop at different lengths; right-pad them to one width with the pad token.
     width = max(o.shape[1] for o in outs)
