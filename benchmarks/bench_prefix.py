@@ -7,6 +7,7 @@ cuts skipped out of the tokens the training forwards would otherwise compute (co
 
 Cases (offline tiny random-init Qwen2 models, 16 new tokens per answer, batch 8 episodes):
 - writing-summary, MC (G = 4): ~1,200-token prompts (instructions + a post); the G samples of a prompt repeat rows;
+  as two separate models, and as two LoRA adapters on one base (one joint generate() over both adapters);
 - code-humaneval, CC PPO: 2 turns, prompts = team instructions + a HumanEval problem (+ test feedback at turn 2);
 - coord-penalty, CC PPO: short prompts behind one instruction (the vs-comlrl task's shape).
 
@@ -31,10 +32,11 @@ import time
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-CASES = {
-    "writing-summary/mc": ("writing-summary", "mc"),
-    "code-humaneval/cc": ("code-humaneval", "cc"),
-    "coord-penalty/cc": ("coord-penalty", "cc"),
+CASES = {  # name: (task, trainer, team layout)
+    "writing-summary/mc": ("writing-summary", "mc", "separate"),
+    "writing-summary/mc-lora": ("writing-summary", "mc", "lora"),
+    "code-humaneval/cc": ("code-humaneval", "cc", "separate"),
+    "coord-penalty/cc": ("coord-penalty", "cc", "separate"),
 }
 
 
@@ -63,9 +65,14 @@ def build(case: str, size: str, share: bool, opts, out_dir: str):
     from trl_collm.tasks import get_task
     from trl_collm.testing import tiny_model_dir
 
-    task_name, kind = CASES[case]
+    task_name, kind, layout = CASES[case]
     task = get_task(task_name)
     paths = [tiny_model_dir(f"bench-qwen2-{size}-s{seed}", arch="qwen2", size=size, seed=seed) for seed in (0, 1)]
+    team = dict(model=paths)
+    if layout == "lora":
+        from peft import LoraConfig
+
+        team = dict(model=paths[0], peft_config=LoraConfig(r=8, lora_alpha=16, target_modules="all-linear"))
     rows = task.load_dataset("train", limit=opts.batch * (opts.iterations + 1))
     common = dict(
         output_dir=out_dir, agent_names=list(task.agent_names), num_turns=task.num_turns, response_length=opts.response_length,
@@ -74,10 +81,10 @@ def build(case: str, size: str, share: bool, opts, out_dir: str):
     )
     if kind == "mc":
         args = MultiAgentMCConfig(num_generations=4, per_device_train_batch_size=max(1, opts.batch // 4), **common)
-        trainer = MultiAgentMCTrainer(args=args, model=paths, train_dataset=rows, env=task.make_env())
+        trainer = MultiAgentMCTrainer(args=args, train_dataset=rows, env=task.make_env(), **team)
     else:
         args = MultiAgentPPOConfig(preset="collm", per_device_train_batch_size=opts.batch, **common)
-        trainer = MultiAgentPPOTrainer(args=args, model=paths, train_dataset=rows, env=task.make_env())
+        trainer = MultiAgentPPOTrainer(args=args, train_dataset=rows, env=task.make_env(), **team)
     # training_iteration() outside train() needs the batch sizes and the optimizer that train() would set up.
     trainer._batch_sizes()
     trainer.create_optimizer_and_scheduler(num_training_steps=(opts.iterations + 1) * trainer.optimizer_steps_per_iteration())
