@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from trl_collm import prefix
-from trl_collm.team import _left_pad, position_ids_from_mask
+from trl_collm.prefix import position_ids_from_mask
+from trl_collm.team import _left_pad
 
 INSTRUCTION = list(range(40, 70))  # 30 tokens every row starts with
 

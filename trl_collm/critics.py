@@ -74,7 +74,7 @@ def value_model_outputs(model: nn.Module) -> int:
 class CriticUnit(nn.Module):
     """One critic: text view -> hidden states -> values (B, L, k)."""
 
-    def __init__(self, placement: str, tokenizer, num_outputs: int, value_model=None, team: AgentTeam | None = None,
+    def __init__(self, placement: str, tokenizer, num_outputs: int, *, team: AgentTeam, value_model=None,
                  agent: str | None = None, adapter: str | None = None):
         super().__init__()
         self.placement = placement
@@ -85,7 +85,6 @@ class CriticUnit(nn.Module):
         self.agent = agent
         self.adapter = adapter
         self.max_tokens: int | None = None  # longest view in tokens (set by the trainer from the model's context)
-        self.share_prefix = True  # compute the views' common prefix once (trl_collm/prefix.py)
         if placement == "separate":
             self.value_model = value_model
             if value_model_outputs(value_model) != num_outputs:
@@ -115,11 +114,11 @@ class CriticUnit(nn.Module):
     def head_module(self) -> nn.Module:
         return _score_layer(self.value_model) if self.placement == "separate" else self.head
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, keep: int | None = None) -> torch.Tensor:
-        """Values (B, keep, k) of the last `keep` positions (all positions when None) of a left-padded batch."""
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, keep: int) -> torch.Tensor:
+        """Values (B, keep, k) of the last `keep` positions of a left-padded batch."""
         with self._body() as body:
-            hidden = forward_last(body, input_ids, attention_mask, keep or input_ids.shape[1], causal_lm=False,
-                                  enabled=self.share_prefix and keep is not None)
+            # The team's switch (share_prompt_prefix) covers its critics too.
+            hidden = forward_last(body, input_ids, attention_mask, keep, causal_lm=False, enabled=self._team[0].share_prefix)
         return self.head_module()(hidden).float()
 
     def own_parameters(self) -> list[nn.Parameter]:

@@ -26,6 +26,8 @@ left padding), the plain forward runs instead.
 
 from __future__ import annotations
 
+import functools
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -34,6 +36,12 @@ from torch import nn
 # A prefix shorter than this saves less than the second model call costs (measured on the tiny CPU models).
 MIN_PREFIX_TOKENS = 16
 _ATTENTION_OK = ("sdpa", "eager")
+
+
+def position_ids_from_mask(mask: torch.Tensor) -> torch.Tensor:
+    # Left padding shifts real tokens right; generate() numbers positions from the first real token, so the
+    # training forward must do the same or the log-probs of the rollout and of the update would disagree.
+    return (mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
 @dataclass
@@ -91,7 +99,7 @@ def split_common_prefix(ids: torch.Tensor, mask: torch.Tensor, keep: int, min_pr
     rest_ids = torch.where(in_rest, ids[:, offset:], torch.zeros_like(ids[:, offset:]))
     rest_mask = torch.where(in_rest, mask[:, offset:], torch.zeros_like(mask[:, offset:]))
     attention_mask = torch.cat([torch.ones(batch, p, dtype=mask.dtype, device=mask.device), rest_mask], dim=1)
-    positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    positions = position_ids_from_mask(attention_mask)
     return SharedSplit(aligned[:1, :p], None, positions[:1, :p], None, rest_ids, attention_mask, positions[:, p:],
                        saved_tokens=(batch - 1) * p)
 
@@ -118,8 +126,6 @@ def split_repeated_rows(ids: torch.Tensor, mask: torch.Tensor, keep: int, min_pr
     saved = int(mask[:, :cut].sum()) - int(head_mask.sum())
     if saved < min_prefix:
         return None
-    from .team import position_ids_from_mask
-
     return SharedSplit(distinct[:, :cut], head_mask, position_ids_from_mask(head_mask), index, ids[:, cut:], mask,
                        position_ids_from_mask(mask)[:, cut:], saved_tokens=saved, head_keys=head_keys)
 
@@ -169,11 +175,14 @@ def supports_prefix_cache(model: nn.Module) -> bool:
 
 def _cache_keyword(model: nn.Module) -> str:
     """transformers 5.24 renamed the forward's `past_key_values` to `cache` (5.23 knows only the old name)."""
-    import inspect
-
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return _cache_keyword_of(type(inner))
+
+
+@functools.lru_cache(maxsize=None)
+def _cache_keyword_of(model_class: type) -> str:
     try:
-        params = inspect.signature(inner.forward).parameters
+        params = inspect.signature(model_class.forward).parameters
     except (TypeError, ValueError):  # pragma: no cover - exotic wrappers
         return "past_key_values"
     return "cache" if "cache" in params else "past_key_values"
@@ -211,8 +220,6 @@ def forward_last(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, keep: 
 
     The same numbers as one plain forward over (ids, mask), computing what rows share once when that helps.
     """
-    from .team import position_ids_from_mask
-
     split = plan_split(ids, mask, keep, min_prefix) if enabled and supports_prefix_cache(model) else None
     cache = _head_cache(model, split, causal_lm) if split is not None else None
     if cache is None:

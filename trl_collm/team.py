@@ -32,12 +32,6 @@ class Generation:
     ended: torch.Tensor  # (B,) bool: the response contains the stop token
 
 
-def position_ids_from_mask(mask: torch.Tensor) -> torch.Tensor:
-    # Left padding shifts real tokens right; generate() numbers positions from the first real token, so the
-    # training forward must do the same or the log-probs of the rollout and of the update would disagree.
-    return (mask.long().cumsum(-1) - 1).clamp(min=0)
-
-
 def _set_adapter_keep_grads(model, name: str, trainable: list[str]) -> None:
     """Activate one adapter without freezing the others (PEFT's set_adapter flips requires_grad)."""
     model.set_adapter(name)
@@ -301,7 +295,6 @@ def _chunked_generate(model, ids, mask, gen_kwargs, batch_size, adapter_names, s
 
     outs = []
     step = batch_size or ids.shape[0] or 1
-    width = None
     for start in range(0, ids.shape[0], step):
         kwargs = dict(gen_kwargs)
         if adapter_names is not None:

@@ -99,9 +99,7 @@ class TeamTrainerBase(_BaseTrainer):
                     )
         self.env = build_env(env, reward_funcs, reward_model, prompt_formatters, args, team)
         _set_context_limits(team, critic, args)
-        team.share_prefix = args.share_prompt_prefix
-        for unit in (critic.units.values() if critic is not None else []):
-            unit.share_prefix = args.share_prompt_prefix
+        team.share_prefix = args.share_prompt_prefix  # read by the team's forwards and generation and by its critics
         self.reward_model = reward_model
         team_model = TeamModel(team, critic)
         for module in [team_model] + [r for r in team._refs.values() if r is not None]:
