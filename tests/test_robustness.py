@@ -1,0 +1,333 @@
+"""Fail loudly, lose nothing: non-finite numbers never reach weights or checkpoints, every numeric config field is
+range-checked where it enters, files the library reads fail with a message naming the file, and a second run never
+silently overwrites the checkpoints of a first."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import re
+
+import pytest
+import torch
+from datasets import Dataset
+
+from trl_collm import MultiAgentMCConfig, MultiAgentPPOConfig, MultiAgentPPOTrainer
+from trl_collm.trainers import checkpoints
+
+
+def ok_reward(prompts, completions, **kwargs):
+    return [float(len(a) % 3) - float(len(b) % 2) for a, b in completions]
+
+
+def _all_finite(model: torch.nn.Module) -> bool:
+    return all(torch.isfinite(p).all() for p in model.parameters())
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 3. every numeric config field is checked for range and finiteness
+# ---------------------------------------------------------------------------------------------------------------
+
+BASE = dict(output_dir="unused", use_cpu=True, bf16=False, report_to=[])
+
+
+def _numeric_fields(cls):
+    """Fields whose default is a float or an int (not a bool), or whose annotation says float/int."""
+    out = []
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
+        ann = str(f.type)
+        if "bool" in ann or "Callable" in ann:
+            continue
+        if re.search(r"\b(float|int)\b", ann) and not re.search(r"\b(str|list|dict)\b", ann):
+            out.append(f.name)
+    return out
+
+
+@pytest.mark.parametrize("cls", [MultiAgentPPOConfig, MultiAgentMCConfig])
+def test_every_float_field_rejects_nan_and_inf(cls):
+    names = [n for n in _numeric_fields(cls) if "float" in str({f.name: f.type for f in dataclasses.fields(cls)}[n])]
+    assert {"learning_rate", "gamma", "temperature"} <= set(names)  # the walk finds the fields it should
+    accepted = []
+    for name in names:
+        for bad in (math.nan, math.inf):
+            try:
+                cls(**BASE, **{name: bad})
+            except ValueError as e:
+                assert name in str(e), f"the error for {name}={bad} does not name the field: {e}"
+            else:
+                accepted.append((name, bad))
+    assert not accepted, f"non-finite values accepted silently: {accepted}"
+
+
+@pytest.mark.parametrize("cls", [MultiAgentPPOConfig, MultiAgentMCConfig])
+def test_every_numeric_field_rejects_absurd_negatives(cls):
+    """-1e9 is out of range for every numeric field we expose except the few that are genuinely signed."""
+    signed = {"missing_eos_penalty", "early_termination_threshold", "seed", "data_seed", "local_rank",
+              "stop_token_id", "max_steps", "eval_steps", "logging_steps", "save_steps", "warmup_steps", "warmup_ratio",
+              "past_index", "ddp_timeout", "torch_compile", "hub_revision", "accelerator_config"}
+    accepted = []
+    for name in _numeric_fields(cls):
+        if name in signed:
+            continue
+        try:
+            cls(**BASE, **{name: -10**9})
+        except (ValueError, TypeError):
+            pass
+        else:
+            accepted.append(name)
+    assert not accepted, f"-1e9 accepted silently for {accepted}"
+
+
+@pytest.mark.parametrize(
+    "cls,overrides,field",
+    [
+        (MultiAgentPPOConfig, dict(kl_coef=math.nan), "kl_coef"),
+        (MultiAgentPPOConfig, dict(vf_coef=-1.0), "vf_coef"),
+        (MultiAgentPPOConfig, dict(critic_learning_rate=-1.0), "critic_learning_rate"),
+        (MultiAgentPPOConfig, dict(total_episodes=-4), "total_episodes"),
+        (MultiAgentPPOConfig, dict(per_device_train_batch_size=0), "per_device_train_batch_size"),
+        (MultiAgentPPOConfig, dict(learning_rate=-1e-5), "learning_rate"),
+        (MultiAgentPPOConfig, dict(max_grad_norm=math.inf), "max_grad_norm"),
+        (MultiAgentPPOConfig, dict(cliprange_value=-0.2), "cliprange_value"),
+        (MultiAgentPPOConfig, dict(top_p=1.5), "top_p"),
+        (MultiAgentPPOConfig, dict(top_k=0), "top_k"),
+        (MultiAgentPPOConfig, dict(max_nonfinite_steps=0), "max_nonfinite_steps"),
+        (MultiAgentMCConfig, dict(beta=math.nan), "beta"),
+        (MultiAgentMCConfig, dict(epsilon=math.inf), "epsilon"),
+        (MultiAgentMCConfig, dict(per_device_train_batch_size=0), "per_device_train_batch_size"),
+    ],
+)
+def test_config_bad_value_names_the_field(cls, overrides, field):
+    with pytest.raises(ValueError, match=re.escape(f"`{field}`")):
+        cls(**BASE, **overrides)
+
+
+def test_good_configs_still_parse():
+    MultiAgentPPOConfig(**BASE, kl_coef=0.0, vf_coef=0.0, total_episodes=8, missing_eos_penalty=-1.0, top_k=5)
+    MultiAgentMCConfig(**BASE, beta=0.0, num_generations=2)
+    MultiAgentPPOConfig(**BASE, preset="collm")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 2. non-finite rewards, losses and weights
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_reward_that_overflows_float32_is_rejected(tmp_path, make_config, prompts_dataset, qwen_path):
+    def huge(prompts, completions, **kwargs):
+        return [1e39 if i == 2 else 1.0 for i in range(len(completions))]
+
+    args = make_config(tmp_path, num_agents=2)
+    tr = MultiAgentPPOTrainer(args=args, model=qwen_path, train_dataset=prompts_dataset, reward_funcs=huge)
+    with pytest.raises(ValueError, match=r"reward function 'huge'.*episode 2.*1e\+39.*float32"):
+        tr.train()
+    assert not _any_checkpoint(tmp_path / "out")
+
+
+def test_reward_weights_whose_product_overflows_are_rejected(tmp_path, make_config, prompts_dataset, qwen_path):
+    def big(prompts, completions, **kwargs):
+        return [1e30 for _ in completions]
+
+    args = make_config(tmp_path, num_agents=2, reward_weights=[1e10])
+    tr = MultiAgentPPOTrainer(args=args, model=qwen_path, train_dataset=prompts_dataset, reward_funcs=big)
+    with pytest.raises(ValueError, match=r"reward_weights.*'big'.*episode 0"):
+        tr.train()
+
+
+def _any_checkpoint(out) -> bool:
+    return os.path.isdir(out) and any(n.startswith("checkpoint-") for n in os.listdir(out))
+
+
+def test_exploding_updates_are_skipped_and_counted_then_stop(tmp_path, make_config, prompts_dataset, qwen_path):
+    """A learning rate so large that the first update makes the loss non-finite: the poisoned steps are skipped
+    (weights stay finite, no checkpoint holds NaN) and the run stops after `max_nonfinite_steps` in a row."""
+    args = make_config(tmp_path, num_agents=2, learning_rate=1e30, total_episodes=40, max_nonfinite_steps=3,
+                       save_strategy="steps", save_steps=1, num_ppo_epochs=1, max_grad_norm=None)
+    tr = MultiAgentPPOTrainer(args=args, model=qwen_path, train_dataset=prompts_dataset, reward_funcs=ok_reward)
+    with pytest.raises(FloatingPointError, match=r"non-finite.*3 optimizer steps in a row.*max_nonfinite_steps"):
+        tr.train()
+    assert _all_finite(tr.model)
+    skipped = [m.get("train/nonfinite_steps_skipped", 0) for m in tr._metrics_history]
+    assert sum(skipped) >= 1
+    for ck in checkpoints.complete_checkpoints(str(tmp_path / "out")):
+        state = torch.load(os.path.join(ck, checkpoints.STATE_FILE), map_location="cpu", weights_only=False)
+        assert all(torch.isfinite(v).all() for v in state["params"].values()), ck
+
+
+def test_one_nonfinite_loss_is_skipped_and_training_continues(tmp_path, make_config, prompts_dataset, qwen_path):
+    """kl_coef is fine, but a poisoned step (forced through the loss) is skipped: the weights do not change on that
+    step, the counter says so, and the next steps train normally."""
+    args = make_config(tmp_path, num_agents=2, total_episodes=12, num_ppo_epochs=1)
+    tr = MultiAgentPPOTrainer(args=args, model=qwen_path, train_dataset=prompts_dataset, reward_funcs=ok_reward)
+    calls = {"n": 0}
+    original = tr.step_losses
+
+    def poisoned(*a, **k):
+        for loss, *rest in original(*a, **k):
+            calls["n"] += 1
+            if calls["n"] == 1:
+                loss = loss * float("nan")
+            yield (loss, *rest)
+
+    tr.step_losses = poisoned
+    before = {n: p.detach().clone() for n, p in tr.model.named_parameters() if p.requires_grad}
+    tr.train()
+    hist = tr._metrics_history
+    assert hist[0]["train/nonfinite_steps_skipped"] == 1
+    assert all(m["train/nonfinite_steps_skipped"] == 0 for m in hist[1:])
+    assert _all_finite(tr.model)
+    changed = [n for n, p in tr.model.named_parameters() if p.requires_grad and not torch.equal(p, before[n])]
+    assert changed, "the later steps must still train"
+
+
+def test_checkpoint_is_never_written_from_nonfinite_weights(tmp_path, make_config, prompts_dataset, qwen_path):
+    args = make_config(tmp_path, num_agents=2)
+    tr = MultiAgentPPOTrainer(args=args, model=qwen_path, train_dataset=prompts_dataset, reward_funcs=ok_reward)
+    tr.train()
+    name, param = next((n, p) for n, p in tr.model.named_parameters() if p.requires_grad)
+    with torch.no_grad():
+        param.view(-1)[0] = float("nan")
+    with pytest.raises(FloatingPointError, match=re.escape(name)):
+        checkpoints.save_checkpoint(tr, str(tmp_path / "out"))
+    assert not _any_checkpoint(tmp_path / "out")
+    assert not any(n.endswith(".tmp") for n in os.listdir(tmp_path / "out"))
+
+
+def _trained_checkpoint(tmp_path, make_config, prompts_dataset, qwen_path, **cfg):
+    args = make_config(tmp_path, num_agents=2, save_strategy="steps", save_steps=1, **cfg)
+    tr = MultiAgentPPOTrainer(args=args, model=qwen_path, train_dataset=prompts_dataset, reward_funcs=ok_reward)
+    tr.train()
+    found = checkpoints.complete_checkpoints(str(tmp_path / "out"))
+    assert found
+    return args, found[-1]
+
+
+def test_resume_refuses_a_poisoned_checkpoint(tmp_path, make_config, prompts_dataset, qwen_path):
+    args, ck = _trained_checkpoint(tmp_path, make_config, prompts_dataset, qwen_path)
+    path = os.path.join(ck, checkpoints.STATE_FILE)
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    key = next(iter(state["params"]))
+    state["params"][key].view(-1)[0] = float("inf")
+    torch.save(state, path)
+    tr = MultiAgentPPOTrainer(args=args, model=qwen_path, train_dataset=prompts_dataset, reward_funcs=ok_reward)
+    with pytest.raises(ValueError, match=re.escape(ck) + ".*non-finite.*" + re.escape(key)):
+        tr.train(resume_from_checkpoint=ck)
+
+
+def test_resume_from_a_truncated_checkpoint_names_the_file(tmp_path, make_config, prompts_dataset, qwen_path):
+    args, ck = _trained_checkpoint(tmp_path, make_config, prompts_dataset, qwen_path)
+    path = os.path.join(ck, checkpoints.STATE_FILE)
+    with open(path, "r+b") as f:
+        f.truncate(100)
+    tr = MultiAgentPPOTrainer(args=args, model=qwen_path, train_dataset=prompts_dataset, reward_funcs=ok_reward)
+    with pytest.raises(ValueError, match=re.escape(path) + ".*(damaged|cannot be read)"):
+        tr.train(resume_from_checkpoint=ck)
+
+
+def test_resume_into_a_different_team_names_the_mismatch(tmp_path, make_config, prompts_dataset, qwen_path):
+    _, ck = _trained_checkpoint(tmp_path, make_config, prompts_dataset, qwen_path)
+    args = make_config(tmp_path, num_agents=3, save_strategy="no")
+    tr = MultiAgentPPOTrainer(args=args, model=qwen_path, train_dataset=prompts_dataset, reward_funcs=ok_reward)
+    with pytest.raises(ValueError, match=re.escape(ck) + ".*does not match this team"):
+        tr.train(resume_from_checkpoint=ck)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# files the library reads
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def saved_team(tmp_path, make_config, prompts_dataset, qwen_path):
+    args = make_config(tmp_path, num_agents=2)
+    tr = MultiAgentPPOTrainer(args=args, model=qwen_path, train_dataset=prompts_dataset, reward_funcs=ok_reward)
+    folder = tmp_path / "team"
+    tr.save_model(str(folder))
+    return folder
+
+
+@pytest.mark.parametrize(
+    "damage,match",
+    [
+        (lambda d: d.pop("layout"), r"team\.json.*'layout'"),
+        (lambda d: d.pop("agents"), r"team\.json.*'agents'"),
+        (lambda d: d.__setitem__("agent_folders", {}), r"team\.json.*agent_folders"),
+    ],
+)
+def test_load_team_with_a_damaged_team_file(saved_team, damage, match):
+    from trl_collm.inference import load_team
+
+    path = saved_team / "team.json"
+    desc = json.loads(path.read_text())
+    damage(desc)
+    path.write_text(json.dumps(desc))
+    with pytest.raises(ValueError, match=match):
+        load_team(str(saved_team))
+
+
+def test_load_team_with_invalid_json(saved_team):
+    from trl_collm.inference import load_team
+
+    (saved_team / "team.json").write_text('{"agents": ["a", ')
+    with pytest.raises(ValueError, match=re.escape(str(saved_team / "team.json")) + ".*not valid JSON"):
+        load_team(str(saved_team))
+
+
+def test_load_team_with_a_missing_agent_folder(saved_team):
+    import shutil
+
+    from trl_collm.inference import load_team
+
+    desc = json.loads((saved_team / "team.json").read_text())
+    victim = desc["agents"][1]
+    shutil.rmtree(saved_team / desc["agent_folders"][victim])
+    with pytest.raises(ValueError, match=f"agent '{victim}'.*missing"):
+        load_team(str(saved_team))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 4. a second run never clobbers a first
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_second_run_refuses_to_overwrite_checkpoints(tmp_path, make_config, prompts_dataset, qwen_path):
+    args, ck = _trained_checkpoint(tmp_path, make_config, prompts_dataset, qwen_path)
+    before = os.path.getmtime(os.path.join(ck, checkpoints.STATE_FILE))
+    tr = MultiAgentPPOTrainer(args=args, model=qwen_path, train_dataset=prompts_dataset, reward_funcs=ok_reward)
+    with pytest.raises(ValueError, match=r"resume_from_checkpoint.*overwrite_output_dir"):
+        tr.train()
+    assert os.path.getmtime(os.path.join(ck, checkpoints.STATE_FILE)) == before
+
+
+def test_second_run_with_overwrite_output_dir_starts_over(tmp_path, make_config, prompts_dataset, qwen_path):
+    args, ck = _trained_checkpoint(tmp_path, make_config, prompts_dataset, qwen_path, total_episodes=12)
+    assert os.path.basename(ck) == "checkpoint-3"
+    args2 = make_config(tmp_path, num_agents=2, save_strategy="steps", save_steps=1, overwrite_output_dir=True)
+    tr = MultiAgentPPOTrainer(args=args2, model=qwen_path, train_dataset=prompts_dataset, reward_funcs=ok_reward)
+    tr.train()
+    names = [os.path.basename(p) for p in checkpoints.complete_checkpoints(str(tmp_path / "out"))]
+    assert names == ["checkpoint-1", "checkpoint-2"]  # the old run's checkpoint-3 cannot be resumed by mistake
+
+
+def test_resume_true_continues(tmp_path, make_config, prompts_dataset, qwen_path):
+    args, ck = _trained_checkpoint(tmp_path, make_config, prompts_dataset, qwen_path)
+    args2 = make_config(tmp_path, num_agents=2, save_strategy="steps", save_steps=1, total_episodes=12)
+    tr = MultiAgentPPOTrainer(args=args2, model=qwen_path, train_dataset=prompts_dataset, reward_funcs=ok_reward)
+    tr.train(resume_from_checkpoint=True)
+    assert tr.state.global_step == 3
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 5. the collm preset is the reference rule, team value included
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_collm_preset_trains_one_team_value():
+    args = MultiAgentPPOConfig(**BASE, preset="collm")
+    assert args.centralized_value == "team"
+    assert MultiAgentPPOConfig(**BASE, preset="collm", centralized_value="agent_tagged").centralized_value == "agent_tagged"
+
