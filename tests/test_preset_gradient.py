@@ -12,8 +12,8 @@ then be written in closed form:
 import types
 
 import torch
-from torch import nn
 from datasets import Dataset
+from torch import nn
 from transformers import PretrainedConfig
 
 from trl_collm import MultiAgentPPOConfig, MultiAgentPPOTrainer
@@ -21,7 +21,6 @@ from trl_collm.rollout import AgentTurn, Rollout
 from trl_collm.testing import build_tokenizer
 
 from toy import ConstantPolicy, generation, reinforce_step
-
 
 
 class _OnesBody(nn.Module):
