@@ -200,12 +200,16 @@ class DecentralizedCritic(TeamCritic):
     def unit_keys(self) -> list[str]:
         return list(self.agent_names)
 
+    def views(self, roll: Rollout, t: int, agent: str) -> list[str]:
+        """What `agent`'s unit reads at turn t, one text per episode played at t (in `episode_ids` order)."""
+        return [decentralized_view(c) for c in roll.turns[t][agent].contexts]
+
     def batches(self, roll: Rollout) -> list[CriticBatch]:
         out = []
         for t, turn in enumerate(roll.turns):
             ids = turn[self.agent_names[0]].episode_ids
             for a in self.agent_names:
-                views = [decentralized_view(c) for c in turn[a].contexts]
+                views = self.views(roll, t, a)
                 out.append(CriticBatch(a, t, [[a]], ids, views, _suffix(turn[a]) if self.token_level else None))
         return out
 
@@ -272,7 +276,9 @@ class CentralizedCritic(TeamCritic):
         for t, turn in enumerate(roll.turns):
             ids = turn[names[0]].episode_ids
             joint = [[turn[a].contexts[k] for a in names] for k in range(len(ids))]
-            actions = [[turn[a].gen.texts[k] for a in names] for k in range(len(ids))] if self.sees_joint_action else None
+            actions = None
+            if self.sees_joint_action:
+                actions = [[turn[a].gen.texts[k] for a in names] for k in range(len(ids))]
 
             def view(k, target=None):
                 return centralized_view(names, joint[k], actions[k] if actions else None, target)
@@ -282,7 +288,8 @@ class CentralizedCritic(TeamCritic):
                     tag = a if self.value_mode == "agent_tagged" else None
                     output = i if self.value_mode == "per_agent_heads" else 0
                     views = [view(k, tag) for k in range(len(ids))]
-                    out.append(CriticBatch(self._KEY, t, [[a]], ids, views, _suffix(turn[a]) if token else None, output))
+                    suffix = _suffix(turn[a]) if token else None
+                    out.append(CriticBatch(self._KEY, t, [[a]], ids, views, suffix, output))
             else:
                 cols = [[a] for a in names] if self.value_mode == "per_agent_heads" else [list(names)]
                 out.append(CriticBatch(self._KEY, t, cols, ids, [view(k) for k in range(len(ids))], None))

@@ -88,7 +88,8 @@ class CriticUnit(nn.Module):
         """Values (B, keep, k) of the last `keep` positions of a left-padded batch."""
         with self.body() as body:
             # The team's switch (share_prompt_prefix) covers its critics too.
-            hidden = forward_last(body, input_ids, attention_mask, keep, causal_lm=False, enabled=self.team.share_prefix)
+            hidden = forward_last(body, input_ids, attention_mask, keep, causal_lm=False,
+                                  enabled=self.team.share_prefix)
         return self.head_module()(hidden).float()
 
     def tokenize(self, texts: list[str]) -> list[list[int]]:
@@ -107,7 +108,8 @@ def _save_head(head: nn.Module, folder: str, state: dict | None) -> None:
     from safetensors.torch import save_file
 
     state = state or head.state_dict()
-    save_file({k: v.detach().cpu().contiguous() for k, v in state.items()}, os.path.join(folder, "value_head.safetensors"))
+    tensors = {k: v.detach().cpu().contiguous() for k, v in state.items()}
+    save_file(tensors, os.path.join(folder, "value_head.safetensors"))
 
 
 class ValueModelUnit(CriticUnit):
@@ -151,7 +153,8 @@ class ValueModelUnit(CriticUnit):
         tok = spec.tokenizer
         if tok is None:
             vm_path = model_path(vm)
-            tok = AutoTokenizer.from_pretrained(vm_path) if vm_path and os.path.isdir(vm_path) else team.tokenizers[owner]
+            local = vm_path and os.path.isdir(vm_path)
+            tok = AutoTokenizer.from_pretrained(vm_path) if local else team.tokenizers[owner]
         elif isinstance(tok, (str, os.PathLike)):
             tok = AutoTokenizer.from_pretrained(tok)
         check_tokenizer(tok, f"critic {key}")

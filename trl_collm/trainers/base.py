@@ -542,7 +542,8 @@ def _chunked(fn, total: int, size: int) -> torch.Tensor:
 
 
 def _set_prompt_limits(team, args) -> None:
-    """Prompts longer than a model's context would crash or silently wrap positions: cut them to fit (keeping the end)."""
+    """Prompts longer than a model's context would crash or silently wrap positions: cut them to fit (keeping the
+    end)."""
     from ..team import max_positions
 
     for a in team.names:

@@ -45,7 +45,48 @@ class MultiAgentMCConfig(TeamConfig):
     r"""Configuration of [`MultiAgentMCTrainer`], the Monte-Carlo (critic-free) team baseline (MAGRPO-style).
 
     `per_device_train_batch_size` counts dataset rows (prompts) per device and iteration; each row becomes
-    `num_generations` samples per agent (and, in tree mode, `num_generations` children per node and turn).
+    `num_generations` samples per agent (and, in tree mode, `num_generations` children per node and turn). With the
+    shared fields of `TeamConfig`:
+
+    Parameters:
+        > Parameters that control sampling
+
+        num_generations (`int`, *optional*, defaults to `4`):
+            G: completions sampled per agent per prompt (per tree node).
+        joint_mode (`str`, *optional*, defaults to `'aligned'`):
+            'aligned': the g-th samples of all agents form the g-th joint action (G joint actions); 'cross': every
+            combination of the agents' samples (capped by max_joint_combinations), each sample credited with the mean
+            return of the combinations it took part in (single-turn only).
+        max_joint_combinations (`int`, *optional*, defaults to `16`):
+            Cap on the joint actions per prompt in 'cross' mode (sampled when exceeded).
+        expansion (`str`, *optional*, defaults to `'tree'`):
+            Multi-turn: 'tree' (every node samples G children: G^T leaves per prompt) or 'per_branch' (G independent
+            branches per prompt: G*T generations).
+
+        > Parameters that control the update rule
+
+        preset (`str`, *optional*, defaults to `None`):
+            'magrpo': MAGRPO's update rule (see docs/algorithm.md).
+        learning_rate (`float`, *optional*, defaults to `5e-06`):
+            Learning rate of the agents.
+        baseline (`str`, *optional*, defaults to `'mean'`):
+            Group baseline: 'mean', 'loo' (leave-one-out mean), 'max' or 'none'.
+        scale_advantages (`bool`, *optional*, defaults to `False`):
+            Divide advantages by the group's std (GRPO-style).
+        loss_type (`str`, *optional*, defaults to `'reinforce'`):
+            'reinforce' (on-policy, -(sum of log-probs) * A, no ratio/clip) or 'clipped' (ratio surrogate over
+            num_iterations).
+        num_iterations (`int`, *optional*, defaults to `1`):
+            Inner iterations over each batch (loss_type='clipped').
+        epsilon (`float`, *optional*, defaults to `0.2`):
+            Clip range of the ratio (loss_type='clipped').
+        beta (`float`, *optional*, defaults to `0.0`):
+            KL coefficient to the reference policy (0: no reference is kept).
+        kl_estimator (`str`, *optional*, defaults to `'k3'`):
+            KL estimator for beta: 'k1' or 'k3'.
+        update_schedule (`str`, *optional*, defaults to `'joint'`):
+            'joint': one optimizer step per minibatch for all agents; 'per_agent_turn': one step per (agent, turn) group
+            (MAGRPO).
     """
 
     presets = MC_PRESETS

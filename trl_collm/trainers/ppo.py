@@ -191,7 +191,8 @@ class MultiAgentPPOTrainer(TeamTrainerBase):
         for cb in cbs:
             cb.returns = cb.column_targets(ret, names)
         adv = self._normalize_advantages(adv, mask)
-        per_turn = [{a: adv[turn[a].episode_ids, t, i] for i, a in enumerate(names)} for t, turn in enumerate(roll.turns)]
+        per_turn = [{a: adv[turn[a].episode_ids, t, i] for i, a in enumerate(names)}
+                    for t, turn in enumerate(roll.turns)]
         return PPOAdvantages(per_turn, values, returns, raw, value_table=V, return_table=ret)
 
     def _normalize_advantages(self, adv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -320,8 +321,9 @@ class MultiAgentPPOTrainer(TeamTrainerBase):
         else:
             loss, stats = alg.policy_loss_clipped(new, st.old_logprobs[rows], adv, mask, args.cliprange)
         ent_mean = alg.masked_mean(ent, mask)
-        for key, val in (("policy/approxkl_avg", stats["approxkl"]), ("policy/clipfrac_avg", stats["clipfrac"]),
-                         ("loss/policy_avg", loss), ("policy/entropy_avg", ent_mean), ("val/ratio", stats["ratio_mean"])):
+        logged = (("policy/approxkl_avg", stats["approxkl"]), ("policy/clipfrac_avg", stats["clipfrac"]),
+                  ("loss/policy_avg", loss), ("policy/entropy_avg", ent_mean), ("val/ratio", stats["ratio_mean"]))
+        for key, val in logged:
             logs[key].append(float(val.detach()))
             logs[f"{a}/{key}"].append(float(val.detach()))
         return loss

@@ -60,6 +60,74 @@ class MultiAgentPPOConfig(TeamConfig):
     With the shared fields of `TeamConfig`, it repeats every field of TRL's last `PPOConfig` (same names, same
     defaults), and adds the critic layout and the update rule. Derived batch sizes (`batch_size`,
     `mini_batch_size`, ...) are filled in by the trainer, as TRL's PPO did.
+
+    Parameters:
+        > Parameters that define the critic
+
+        critic_type (`str`, *optional*, defaults to `'centralized'`):
+            'centralized' (CoLLM-CC: one critic over the joint view) or 'decentralized' (CoLLM-DC: one critic per agent
+            over its own view).
+        critic_placement (`str`, *optional*, defaults to `None`):
+            'separate' (a value model), 'actor_head' (a value head on an actor's backbone) or 'shared_base_adapter'
+            (LoRA adapter + head on the shared base). Default: 'separate' when a value_model is given,
+            'shared_base_adapter' for a shared-base team, else 'separate'.
+        centralized_value (`str`, *optional*, defaults to `'per_agent_heads'`):
+            Centralized critic output: 'team' (one value for the team, as the reference), 'per_agent_heads' (one head
+            per agent), or 'agent_tagged' (one head, the view tagged with the agent it values).
+        critic_sees_joint_action (`bool`, *optional*, defaults to `False`):
+            Centralized critic also reads the other agents' current completions (the reference's Q-variant).
+        critic_backbone_agent (`str`, *optional*, defaults to `None`):
+            For critic_placement='actor_head' with a centralized critic: whose backbone carries the head (default: first
+            agent).
+        critic_learning_rate (`float`, *optional*, defaults to `None`):
+            Learning rate of the critic parameters (default: learning_rate).
+        critic_updates (`str`, *optional*, defaults to `'joint'`):
+            'joint': one optimizer step per minibatch for actors and critic together; 'per_agent': the critic is stepped
+            once per agent (and turn) group, as the reference code does.
+        value_normalization (`bool`, *optional*, defaults to `False`):
+            Train the critic on running-normalised returns.
+
+        > Parameters that control the update rule
+
+        preset (`str`, *optional*, defaults to `None`):
+            One word that sets the update rule: 'collm' (the paper's reference rule, comlrl 1.3.2) or 'collm-1.4' (gamma
+            1.0, no grad clip).
+        advantage_level (`str`, *optional*, defaults to `None`):
+            'turn': the completion is one action valued at the end of its prompt (paper); 'token': per-token values, KL
+            and GAE (TRL PPO). Default: 'token' for a single agent (TRL PPO semantics), 'turn' for a team.
+        advantage_norm_scope (`str`, *optional*, defaults to `'agent_turn'`):
+            Where advantages are whitened: 'agent_turn', 'agent', 'batch' or 'none'.
+        advantage_norm_std_floor (`float`, *optional*, defaults to `None`):
+            If set, advantages are divided by max(population std, floor) (reference) instead of sqrt(var + 1e-8).
+        policy_loss_type (`str`, *optional*, defaults to `'ppo'`):
+            'ppo' (clipped ratio surrogate) or 'reinforce' (reference rule).
+        num_ppo_epochs (`int`, *optional*, defaults to `4`):
+            Number of epochs to train.
+        cliprange (`float`, *optional*, defaults to `0.2`):
+            Clip range (None: no clipping).
+        vf_coef (`float`, *optional*, defaults to `0.1`):
+            Value function coefficient.
+        cliprange_value (`float`, *optional*, defaults to `0.2`):
+            Clip range for the value function (None: no clipping).
+        lam (`float`, *optional*, defaults to `0.95`):
+            Lambda value for GAE.
+        whiten_rewards (`bool`, *optional*, defaults to `False`):
+            Whether to whiten the rewards.
+        kl_coef (`float`, *optional*, defaults to `0.05`):
+            KL coefficient.
+        kl_estimator (`str`, *optional*, defaults to `'k1'`):
+            KL estimator: 'k1' (unbiased, high variance) or 'k3' (unbiased, lower variance).
+
+        > Fields kept from TRL's PPOConfig for compatibility (not read by this trainer)
+
+        sft_model_path (`str`, *optional*, defaults to `'EleutherAI/pythia-160m'`):
+            Path to the SFT model.
+        reward_model_path (`str`, *optional*, defaults to `'EleutherAI/pythia-160m'`):
+            Path to the reward model.
+        model_adapter_name (`str`, *optional*, defaults to `None`):
+            Name of the train target PEFT adapter, when using LoRA with multiple adapters.
+        ref_adapter_name (`str`, *optional*, defaults to `None`):
+            Name of the reference PEFT adapter, when using LoRA with multiple adapters.
     """
 
     presets = PRESETS

@@ -26,7 +26,110 @@ TEAM_CHOICES = {
 
 @dataclass
 class TeamConfig(_BaseConfig):
-    """Fields shared by the team trainers: episodes, generation, rewards and the team itself."""
+    r"""Fields shared by the team trainers: the team, generation, rewards and episodes.
+
+    Every field is also a command-line flag (`TrlParser`); the `transformers.TrainingArguments` fields (output_dir,
+    seed, per_device_train_batch_size, bf16, report_to, ...) apply as documented there.
+
+    Parameters:
+        > Parameters that define the team
+
+        agent_names (`list[str]`, *optional*, defaults to `None`):
+            Names of the agents (used in logs, folders, cards). Defaults to agent_0..agent_{n-1}.
+        num_agents (`int`, *optional*, defaults to `None`):
+            Number of agents when `model` is one path or model to replicate.
+        num_turns (`int`, *optional*, defaults to `1`):
+            Maximum number of turns per episode.
+        agent_context (`str`, *optional*, defaults to `'observation'`):
+            What an agent is prompted with at turn t: 'observation' (the env's text, which may embed history) or
+            'history' (its own previous observations and completions followed by the new observation).
+        model_init_kwargs (`dict | str`, *optional*, defaults to `None`):
+            Keyword arguments for from_pretrained when models are given as paths (e.g. {"dtype": "bfloat16"}).
+
+        > Parameters that control generation
+
+        response_length (`int`, *optional*, defaults to `53`):
+            Length of the response (max new tokens).
+        temperature (`float`, *optional*, defaults to `0.7`):
+            Sampling temperature.
+        top_p (`float`, *optional*, defaults to `1.0`):
+            Nucleus sampling for generation.
+        top_k (`int`, *optional*, defaults to `None`):
+            Top-k sampling for generation (None: off).
+        stop_token (`str`, *optional*, defaults to `None`):
+            Specifies the stop token to use for text generation. Only 'eos' is supported.
+        stop_token_id (`int`, *optional*, defaults to `None`):
+            Specifies the ID of the stop token to use for text generation.
+        max_prompt_length (`int`, *optional*, defaults to `None`):
+            Longest agent prompt in tokens; longer prompts keep their last tokens (with a warning). Default: the model's
+            context length minus response_length. Critic views are cut to the critic's context.
+        scale_logits_by_temperature (`bool`, *optional*, defaults to `True`):
+            Compute log-probs from logits / temperature (TRL PPO) or from raw logits (reference code).
+        local_rollout_forward_batch_size (`int`, *optional*, defaults to `64`):
+            Per rank no grad forward pass in the rollout phase.
+        ds3_gather_for_generation (`bool`, *optional*, defaults to `True`):
+            Gather ZeRO-3 weights for generation (faster; set False for models that do not fit on one device).
+        share_prompt_prefix (`bool`, *optional*, defaults to `True`):
+            Compute the leading tokens that all rows of a training forward share (a task's instructions, the G samples
+            of one prompt) once instead of once per row. Same numbers up to float rounding; falls back to the plain
+            forward where it cannot apply (see trl_collm/prefix.py).
+
+        > Parameters that control rewards and episodes
+
+        reward_weights (`list[float]`, *optional*, defaults to `None`):
+            Weights of the reward functions (default 1.0 each).
+        reward_type (`str`, *optional*, defaults to `'auto'`):
+            'joint' (one reward per episode shared by all agents), 'per_agent' (a vector of n), or 'auto' (accept both).
+        missing_eos_penalty (`float`, *optional*, defaults to `None`):
+            Penalty subtracted from the score of responses that do not end with the stop/EOS token.
+        early_termination_threshold (`float`, *optional*, defaults to `None`):
+            End an episode early once the mean reward of a turn exceeds this value.
+        gamma (`float`, *optional*, defaults to `1.0`):
+            Discount factor.
+        total_episodes (`int`, *optional*, defaults to `None`):
+            Total number of episodes in the dataset. Defaults to num_train_epochs * len(train_dataset).
+
+        > Parameters that control the update
+
+        preset (`str`, *optional*, defaults to `None`):
+            One word that sets the update rule (see docs/algorithm.md).
+        learning_rate (`float`, *optional*, defaults to `3e-06`):
+            Learning rate (actors; critics too unless `critic_learning_rate`).
+        num_mini_batches (`int`, *optional*, defaults to `1`):
+            Number of minibatches to split a batch into.
+        grad_clip_scope (`str`, *optional*, defaults to `'global'`):
+            'global': one grad-norm clip over everything; 'per_module': each agent and critic clipped on its own.
+        gradient_checkpointing (`bool`, *optional*, defaults to `None`):
+            Deprecated alias of activation_checkpointing.
+
+        > Parameters that control logging
+
+        exp_name (`str`, *optional*, defaults to the script's name):
+            Name of this experiment.
+        run_name (`str`, *optional*, defaults to `None`):
+            Name of the run.
+        num_sample_generations (`int`, *optional*, defaults to `10`):
+            Number of debugging samples generations (i.e., `generate_completions` calls) throughout training.
+        dataset_num_proc (`int`, *optional*, defaults to `None`):
+            Number of processes to use for processing the dataset.
+        push_to_hub (`bool`, *optional*, defaults to `False`):
+            Whether to push the model to the Hub after training.
+
+        > Batch sizes computed by the trainer (TRL's PPO semantics; leave unset)
+
+        num_total_batches (`int`, *optional*, defaults to `None`):
+            Number of total PPO batches (computed at runtime).
+        micro_batch_size (`int`, *optional*, defaults to `None`):
+            Micro batch size across devices (computed at runtime).
+        local_batch_size (`int`, *optional*, defaults to `None`):
+            Batch size per GPU (computed at runtime).
+        batch_size (`int`, *optional*, defaults to `None`):
+            Batch size across devices (computed at runtime).
+        local_mini_batch_size (`int`, *optional*, defaults to `None`):
+            Mini batch size per GPU (computed at runtime).
+        mini_batch_size (`int`, *optional*, defaults to `None`):
+            Mini batch size across GPUs (computed at runtime).
+    """
 
     presets = {}  # class attribute (not a field): name -> {field: value}
 
