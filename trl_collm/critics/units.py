@@ -177,31 +177,21 @@ class ValueModelUnit(CriticUnit):
         self.value_model.save_pretrained(folder, state_dict=part("value_model."))
 
 
-class ActorHeadUnit(CriticUnit):
-    """A value head on an actor's backbone; the actor trains the backbone, the critic only its head."""
+class _TeamBodyUnit(CriticUnit):
+    """A value head on a body the team holds, selected by `team.active(name)` (an agent, or an adapter)."""
 
-    placement = "actor_head"
-    shares_actor_weights = True
-
-    def __init__(self, tokenizer, num_outputs: int, team: AgentTeam, agent: str):
+    def __init__(self, tokenizer, num_outputs: int, team: AgentTeam, body_name: str, hidden_size: int):
         super().__init__(tokenizer, num_outputs, team)
-        self.agent = agent
-        self.head = ValueHead(hidden_size_of(team.model_of(agent)), num_outputs)
-
-    @classmethod
-    def build(cls, spec: UnitSpec) -> ActorHeadUnit:
-        return cls(spec.team.tokenizers[spec.owner], spec.num_outputs, spec.team, spec.owner)
+        self._body_name = body_name
+        self.head = ValueHead(hidden_size, num_outputs)
 
     @contextlib.contextmanager
     def body(self):
-        with self.team.active(self.agent) as model:
+        with self.team.active(self._body_name) as model:
             yield backbone_of(model)
 
     def head_module(self) -> nn.Module:
         return self.head
-
-    def context_model(self) -> nn.Module:
-        return self.team.model_of(self.agent)
 
     def own_parameters(self) -> list[nn.Parameter]:
         return list(self.head.parameters())
@@ -209,19 +199,36 @@ class ActorHeadUnit(CriticUnit):
     def save(self, folder: str, part) -> None:
         _save_head(self.head, folder, part("head."))
 
+
+class ActorHeadUnit(_TeamBodyUnit):
+    """A value head on an actor's backbone; the actor trains the backbone, the critic only its head."""
+
+    placement = "actor_head"
+    shares_actor_weights = True
+
+    def __init__(self, tokenizer, num_outputs: int, team: AgentTeam, agent: str):
+        super().__init__(tokenizer, num_outputs, team, agent, hidden_size_of(team.model_of(agent)))
+        self.agent = agent
+
+    @classmethod
+    def build(cls, spec: UnitSpec) -> ActorHeadUnit:
+        return cls(spec.team.tokenizers[spec.owner], spec.num_outputs, spec.team, spec.owner)
+
+    def context_model(self) -> nn.Module:
+        return self.team.model_of(self.agent)
+
     def describe(self) -> dict:
         return dict(super().describe(), agent=self.agent)
 
 
-class SharedBaseAdapterUnit(CriticUnit):
+class SharedBaseAdapterUnit(_TeamBodyUnit):
     """One more LoRA adapter on the team's shared base, plus a value head: the critic trains both."""
 
     placement = "shared_base_adapter"
 
     def __init__(self, tokenizer, num_outputs: int, team: AgentTeam, adapter: str):
-        super().__init__(tokenizer, num_outputs, team)
+        super().__init__(tokenizer, num_outputs, team, adapter, hidden_size_of(team.shared_base))
         self.adapter = adapter
-        self.head = ValueHead(hidden_size_of(team.shared_base), num_outputs)
 
     @classmethod
     def build(cls, spec: UnitSpec) -> SharedBaseAdapterUnit:
@@ -232,26 +239,18 @@ class SharedBaseAdapterUnit(CriticUnit):
         spec.team.add_adapter(spec.adapter, spec.peft_config)
         return cls(spec.team.tokenizers[spec.owner], spec.num_outputs, spec.team, spec.adapter)
 
-    @contextlib.contextmanager
-    def body(self):
-        with self.team.active(self.adapter) as model:
-            yield backbone_of(model)
-
-    def head_module(self) -> nn.Module:
-        return self.head
-
     def context_model(self) -> nn.Module:
         return self.team.shared_base
 
     def own_parameters(self) -> list[nn.Parameter]:
         from ..team import adapter_parameters
 
-        return list(self.head.parameters()) + adapter_parameters(self.team.shared_base, self.adapter)
+        return super().own_parameters() + adapter_parameters(self.team.shared_base, self.adapter)
 
     def save(self, folder: str, part) -> None:
         from ..trainers.distributed import save_shared_adapter
 
-        _save_head(self.head, folder, part("head."))
+        super().save(folder, part)
         save_shared_adapter(self.team.shared_base, self.adapter, folder, part("team.shared_base.", absolute=True))
 
     def describe(self) -> dict:
