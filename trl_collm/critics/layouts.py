@@ -169,6 +169,10 @@ class TeamCritic(nn.Module):
                     "differ; use advantage_level='turn' for heterogeneous teams."
                 )
 
+    def card_facts(self) -> dict:
+        """The critic's settings as the model card lists them (named like the config fields)."""
+        return {"critic_type": self.name, "centralized_value": self.value_mode}
+
     def describe(self) -> dict:
         """The critic's entry in team.json."""
         return {

@@ -459,7 +459,7 @@ class TeamTrainerBase(_BaseTrainer):
     def _algorithm_facts(self) -> dict:
         facts = {}
         if self.critic is not None:  # the card names the critic layout first
-            facts.update(critic_type=self.critic.name, centralized_value=self.critic.value_mode)
+            facts.update(self.critic.card_facts())
         facts.update({k: getattr(self.args, k) for k in self._card_fields if hasattr(self.args, k)})
         return facts
 
