@@ -103,7 +103,7 @@ def build_trainer(config_name: str, size: str, opts, out_dir: str):
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
     from trl_collm import MultiAgentPPOConfig, MultiAgentPPOTrainer
-    from trl_collm.building import critic_outputs
+    from trl_collm.critics import critic_outputs
     from trl_collm.testing import tiny_model_dir
 
     paths = [tiny_model_dir(f"bench-qwen2-{size}-s{seed}", arch="qwen2", size=size, seed=seed) for seed in (0, 1)]

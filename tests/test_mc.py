@@ -72,7 +72,7 @@ def test_tree_returns_and_group_advantages_by_hand(tmp_path):
     assert torch.allclose(R[0], torch.tensor([[1.5, 1.5], [0.75, 0.75]]))
     cfg = MultiAgentMCConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, gamma=0.5, report_to=[])
     trainer = types.SimpleNamespace(args=cfg)
-    adv = MultiAgentMCTrainer.advantages(trainer, tree)
+    adv = MultiAgentMCTrainer.advantages(trainer, tree).advantages
     # turn 0 group (the prompt): mean 1.125 -> [0.375, -0.375]; turn 1: siblings [2, 0] -> [1, -1], [1, 2] -> [-0.5, 0.5]
     assert torch.allclose(adv[0][:, 0], torch.tensor([0.375, -0.375]))
     assert torch.allclose(adv[1][:, 1], torch.tensor([1.0, -1.0, -0.5, 0.5]))

@@ -12,8 +12,8 @@ then be written in closed form:
 import types
 
 import torch
-from torch import nn
 from datasets import Dataset
+from torch import nn
 from transformers import PretrainedConfig
 
 from trl_collm import MultiAgentPPOConfig, MultiAgentPPOTrainer
@@ -21,7 +21,6 @@ from trl_collm.rollout import AgentTurn, Rollout
 from trl_collm.testing import build_tokenizer
 
 from toy import ConstantPolicy, generation, reinforce_step
-
 
 
 class _OnesBody(nn.Module):
@@ -82,11 +81,11 @@ def test_collm_preset_matches_analytic_gradient(tmp_path):
         g = 1.2 * float((w + b - rewards).mean())  # d/dv of 0.6 * mean (v - r)^2, and dv/dw = dv/db = 1
         w, b = w - eta * g, b - eta * g
 
-    cbs, _ = trainer.score_rollout(roll)
-    assert torch.allclose(cbs[0].old_values.flatten(), torch.full((4,), v0))
-    assert torch.allclose(turn["alice"].advantages, adv, atol=1e-6)
+    scored = trainer.score_rollout(roll)
+    assert torch.allclose(scored.critic_batches[0].old_values.flatten(), torch.full((4,), v0))
+    assert torch.allclose(scored.turns[0]["alice"].advantages, adv, atol=1e-6)
     trainer.model.train()
-    trainer.update(roll, cbs)
+    trainer.update(scored)
 
     for policy, expected in zip(policies, expected_theta):
         assert torch.allclose(policy.theta.detach(), expected, atol=1e-6), (policy.theta, expected)

@@ -22,13 +22,13 @@ from trl_collm.tasks.building import (
     Weights,
     apply_turn,
     make_target,
-    oracle_commands,
-    oracle_world,
     parse_command,
     read_turn,
     score_world,
 )
 from trl_collm.tasks.voxel import World, block_legend, house_target, render_png, string_target, target_text, world_text
+
+from building_oracle import oracle_commands, oracle_world
 
 # ---------------------------------------------------------------------------------------------------------------
 # helpers

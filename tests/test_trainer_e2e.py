@@ -12,7 +12,6 @@ from datasets import Dataset
 
 from trl_collm import MultiAgentEnv, MultiAgentPPOTrainer, StepResult
 
-
 # ---------------------------------------------------------------------------------------------------------------
 # helpers
 # ---------------------------------------------------------------------------------------------------------------
@@ -134,7 +133,7 @@ def test_heterogeneous_team_shares_one_centralized_critic(tmp_path, make_config,
     assert unit.tokenizer.get_vocab() == AutoTokenizer.from_pretrained(qwen_path).get_vocab()
 
     roll = tr.rollout(rows_of(prompts_dataset))
-    (cb,) = tr.critic_batches(roll)
+    (cb,) = tr.critic.batches(roll)
     view = cb.views[0]
     assert view.startswith("[qw] ") and "\n\n[ll] " in view
     ids, mask = unit.pad(unit.tokenize([view]), "cpu")
@@ -495,9 +494,10 @@ def test_token_level_advantages_dc(tmp_path, make_config, prompts_dataset, qwen_
     args = make_config(tmp_path, num_agents=2, critic_type="decentralized", advantage_level="token")
     tr = MultiAgentPPOTrainer(args=args, model=qwen_path, train_dataset=prompts_dataset, reward_funcs=varied_reward)
     roll = tr.rollout(rows_of(prompts_dataset))
-    cbs, _ = tr.score_rollout(roll)
+    scored = tr.score_rollout(roll)
+    cbs = scored.critic_batches
     for a in tr.team.names:
-        at = roll.turns[0][a]
+        at = scored.turns[0][a]
         assert at.advantages.shape == at.gen.response_ids.shape  # one advantage per response token
         assert torch.all(at.advantages[~at.gen.response_mask] == 0)
     for cb in cbs:

@@ -142,6 +142,6 @@ def test_mc_missing_eos_penalty_lowers_returns(tmp_path):
     tree = SampleTree(["a", "b"], [{}], [turn], [torch.ones(2, 2)], [torch.full((2,), -1)], [torch.zeros(2, dtype=torch.long)],
                       [torch.zeros(2, dtype=torch.long)])
     cfg = MultiAgentMCConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, missing_eos_penalty=0.5, baseline="none")
-    adv = MultiAgentMCTrainer.advantages(types.SimpleNamespace(args=cfg), tree)
+    adv = MultiAgentMCTrainer.advantages(types.SimpleNamespace(args=cfg), tree).advantages
     # agent a: sample 0 ended (1.0), sample 1 did not (0.5); agent b: neither ended (0.5, 0.5)
     assert torch.allclose(adv[0], torch.tensor([[1.0, 0.5], [0.5, 0.5]]))

@@ -80,7 +80,7 @@ def _rows(ds, k=4):
 def test_dc_critic_views_never_contain_another_agents_text(tmp_path, make_config, prompts_dataset, qwen_path):
     tr = _trainer(tmp_path, make_config, prompts_dataset, qwen_path, critic_type="decentralized")
     roll = tr.rollout(_rows(prompts_dataset))
-    cbs = tr.critic_batches(roll)
+    cbs = tr.critic.batches(roll)
     turn = roll.turns[0]
     assert sorted(cb.key for cb in cbs) == sorted(NAMES)  # one critic per agent
     for cb in cbs:
@@ -98,7 +98,7 @@ def test_dc_critic_views_never_contain_another_agents_text(tmp_path, make_config
 def test_cc_critic_views_contain_every_agents_context(tmp_path, make_config, prompts_dataset, qwen_path):
     tr = _trainer(tmp_path, make_config, prompts_dataset, qwen_path, critic_type="centralized", critic_sees_joint_action=True)
     roll = tr.rollout(_rows(prompts_dataset))
-    cbs = tr.critic_batches(roll)
+    cbs = tr.critic.batches(roll)
     turn = roll.turns[0]
     assert len(cbs) == 1 and cbs[0].key == "central" and cbs[0].agents == NAMES  # per_agent_heads: one view, n values
     for k, view in enumerate(cbs[0].views):
@@ -114,7 +114,7 @@ def test_cc_critic_views_contain_every_agents_context(tmp_path, make_config, pro
 def test_cc_agent_tagged_views_name_the_valued_agent(tmp_path, make_config, prompts_dataset, qwen_path):
     tr = _trainer(tmp_path, make_config, prompts_dataset, qwen_path, centralized_value="agent_tagged")
     roll = tr.rollout(_rows(prompts_dataset))
-    cbs = tr.critic_batches(roll)
+    cbs = tr.critic.batches(roll)
     assert [cb.agents for cb in cbs] == [["alpha"], ["beta"]]
     for cb in cbs:
         target = cb.agents[0]
@@ -140,7 +140,7 @@ def test_dc_history_views_stay_private_over_turns(tmp_path, make_config, prompts
     tr = MultiAgentPPOTrainer(args=args, model=qwen_path, train_dataset=prompts_dataset, env=MarkerEnv())
     roll = tr.rollout(_rows(prompts_dataset))
     assert roll.turn_mask.all()
-    cbs = tr.critic_batches(roll)
+    cbs = tr.critic.batches(roll)
     assert sorted((cb.turn, cb.key) for cb in cbs) == [(0, "alpha"), (0, "beta"), (1, "alpha"), (1, "beta")]
     for cb in cbs:
         agent = cb.key

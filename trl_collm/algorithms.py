@@ -11,12 +11,11 @@ even NaN/inf padding cannot leak in -- and element-wise outputs are 0 there.
 
 Precision: statistics and losses are accumulated in at least float32 (bf16 /
 fp16 sums lose too much precision over long sequences). Element-wise outputs
-(whiten, zscore, gae, kl, rewards, entropy) are cast back to the input dtype;
+(whiten, zscore, gae, kl, rewards) are cast back to the input dtype;
 reductions used as losses/stats stay in the accumulation dtype.
 """
 
 import math
-from typing import Dict, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -28,14 +27,12 @@ __all__ = [
     "zscore_by_group",
     "group_advantages",
     "gae",
-    "discounted_returns",
     "kl_per_token",
     "token_level_rewards",
     "policy_loss_clipped",
     "policy_loss_reinforce",
     "value_loss_clipped",
     "explained_variance",
-    "entropy_from_logits",
     "RunningMeanStd",
 ]
 
@@ -54,7 +51,7 @@ def _to_acc(x: Tensor) -> Tensor:
     return x.to(_acc_dtype(x.dtype))
 
 
-def _bool_mask(mask: Optional[Tensor], like: Tensor) -> Tensor:
+def _bool_mask(mask: Tensor | None, like: Tensor) -> Tensor:
     """Return a bool mask broadcast to ``like``'s shape (all True if None)."""
     if mask is None:
         return torch.ones_like(like, dtype=torch.bool)
@@ -70,7 +67,7 @@ def _zero_masked(x: Tensor, m: Tensor) -> Tensor:
 # --------------------------------------------------------------------------- #
 # masked statistics
 # --------------------------------------------------------------------------- #
-def masked_mean(x: Tensor, mask: Optional[Tensor] = None, dim: Optional[int] = None) -> Tensor:
+def masked_mean(x: Tensor, mask: Tensor | None = None, dim: int | None = None) -> Tensor:
     """Mean of the unmasked entries (over everything, or along ``dim``).
 
     An all-masked slice yields 0 instead of NaN: a loss over an empty batch
@@ -87,7 +84,7 @@ def masked_mean(x: Tensor, mask: Optional[Tensor] = None, dim: Optional[int] = N
     return torch.where(count > 0, total / count.clamp(min=1), torch.zeros_like(total))
 
 
-def masked_var(x: Tensor, mask: Optional[Tensor] = None, unbiased: bool = True) -> Tensor:
+def masked_var(x: Tensor, mask: Tensor | None = None, unbiased: bool = True) -> Tensor:
     """Variance over all unmasked entries.
 
     With ``unbiased`` the population variance is scaled by n/(n-1); when only a
@@ -108,7 +105,7 @@ def masked_var(x: Tensor, mask: Optional[Tensor] = None, unbiased: bool = True) 
 
 def whiten(
     x: Tensor,
-    mask: Optional[Tensor] = None,
+    mask: Tensor | None = None,
     shift_mean: bool = True,
     unbiased: bool = True,
     eps: float = 1e-8,
@@ -131,10 +128,10 @@ def whiten(
 def zscore_by_group(
     x: Tensor,
     group_ids: Tensor,
-    mask: Optional[Tensor] = None,
+    mask: Tensor | None = None,
     unbiased: bool = False,
     eps: float = 1e-8,
-    std_floor: Optional[float] = None,
+    std_floor: float | None = None,
 ) -> Tensor:
     """Z-score ``x`` within each group id (e.g. rollouts sharing a prompt).
 
@@ -180,7 +177,7 @@ def zscore_by_group(
 def group_advantages(
     returns: Tensor,
     group_ids: Tensor,
-    mask: Optional[Tensor] = None,
+    mask: Tensor | None = None,
     baseline: str = "mean",
     scale: bool = False,
     eps: float = 1e-8,
@@ -228,7 +225,7 @@ def group_advantages(
 # --------------------------------------------------------------------------- #
 def gae(
     rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: float
-) -> Tuple[Tensor, Tensor]:
+) -> tuple[Tensor, Tensor]:
     """Generalised Advantage Estimation over the last dim of (B, T) tensors.
 
     The step after the last valid one is terminal (value 0): rollouts end there,
@@ -255,20 +252,6 @@ def gae(
     return adv.to(rewards.dtype), returns.to(rewards.dtype)
 
 
-def discounted_returns(rewards: Tensor, mask: Tensor, gamma: float) -> Tensor:
-    """G_t = sum_k gamma^k r_{t+k}, summing only over valid steps; 0 where masked."""
-    r = _to_acc(rewards)
-    m = _bool_mask(mask, r)
-    r = _zero_masked(r, m)
-    mf = m.to(r.dtype)
-    out = torch.zeros_like(r)
-    running = torch.zeros_like(r[..., 0])
-    for t in reversed(range(r.shape[-1])):
-        running = (r[..., t] + gamma * running) * mf[..., t]
-        out[..., t] = running
-    return out.to(rewards.dtype)
-
-
 # --------------------------------------------------------------------------- #
 # KL and rewards
 # --------------------------------------------------------------------------- #
@@ -288,7 +271,7 @@ def kl_per_token(logprobs: Tensor, ref_logprobs: Tensor, estimator: str = "k1") 
 
 def token_level_rewards(
     scores: Tensor, kl: Tensor, response_mask: Tensor, kl_coef: float
-) -> Tuple[Tensor, Tensor]:
+) -> tuple[Tensor, Tensor]:
     """Per-token PPO rewards: -kl_coef*kl everywhere valid, score at the last valid token.
 
     Returns (rewards, non_score_reward), both (B, L), in ``kl``'s dtype.
@@ -325,8 +308,8 @@ def policy_loss_clipped(
     old_logprobs: Tensor,
     advantages: Tensor,
     mask: Tensor,
-    cliprange: Optional[float],
-) -> Tuple[Tensor, Dict[str, Tensor]]:
+    cliprange: float | None,
+) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO clipped surrogate loss (to minimise) plus detached diagnostics.
 
     Advantages are detached: they are targets, and a gradient leaking into a
@@ -370,9 +353,9 @@ def value_loss_clipped(
     values: Tensor,
     old_values: Tensor,
     returns: Tensor,
-    mask: Optional[Tensor],
-    cliprange_value: Optional[float],
-) -> Tuple[Tensor, Dict[str, Tensor]]:
+    mask: Tensor | None,
+    cliprange_value: float | None,
+) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO clipped value loss: 0.5 * mean(max(unclipped, clipped) squared error)."""
     v = _to_acc(values)
     m = _bool_mask(mask, v)
@@ -394,7 +377,7 @@ def value_loss_clipped(
 # --------------------------------------------------------------------------- #
 # diagnostics
 # --------------------------------------------------------------------------- #
-def explained_variance(values: Tensor, returns: Tensor, mask: Optional[Tensor] = None) -> float:
+def explained_variance(values: Tensor, returns: Tensor, mask: Tensor | None = None) -> float:
     """1 - Var(returns - values) / Var(returns); NaN when returns are constant."""
     with torch.no_grad():
         ret = _to_acc(returns)
@@ -405,25 +388,6 @@ def explained_variance(values: Tensor, returns: Tensor, mask: Optional[Tensor] =
             return math.nan
         var_res = masked_var(ret - v, m, unbiased=False)
         return float(1.0 - var_res / var_y)
-
-
-def entropy_from_logits(logits: Tensor) -> Tensor:
-    """Per-position entropy H = logsumexp(l) - sum softmax(l) * l over the last dim.
-
-    Entries with zero probability (e.g. -inf masked vocabulary) are replaced by
-    0 before the product, so 0 * -inf never produces NaN in value or gradient.
-    """
-    la = _to_acc(logits)
-    # Entropy is shift-invariant; subtracting the row max keeps both terms O(1)
-    # so they do not cancel catastrophically for large logits (1000.69 - 1000
-    # in float32 loses ~4 digits). Detached: the shift has no effect on H.
-    row_max = la.detach().amax(dim=-1, keepdim=True)
-    row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
-    la = la - row_max
-    p = torch.softmax(la, dim=-1)
-    safe_l = torch.where(p > 0, la, torch.zeros_like(la))
-    ent = torch.logsumexp(la, dim=-1) - (p * safe_l).sum(dim=-1)
-    return ent.to(logits.dtype)
 
 
 # --------------------------------------------------------------------------- #
@@ -442,7 +406,7 @@ class RunningMeanStd:
         self.var: float = 1.0
         self.count: float = float(epsilon)
 
-    def update(self, x: Tensor, mask: Optional[Tensor] = None) -> None:
+    def update(self, x: Tensor, mask: Tensor | None = None) -> None:
         with torch.no_grad():
             xd = x.detach().to(torch.float64)
             m = _bool_mask(mask, xd)

@@ -7,59 +7,11 @@
 
 from __future__ import annotations
 
-import json
-import os
-
 import torch
 
 from .rollout import run_episodes
+from .saved_team import TEAM_FILE, load_team, read_team_file  # noqa: F401  (the saved-team format lives there)
 from .team import AgentTeam
-
-TEAM_FILE = "team.json"
-
-
-def read_team_file(folder: str) -> dict:
-    path = os.path.join(folder, TEAM_FILE)
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"{folder!r} has no {TEAM_FILE}; pass the output_dir of a trl-collm save_model() / train run.")
-    with open(path) as f:
-        return json.load(f)
-
-
-def load_team(folder: str, base_model: str | None = None, device: str | torch.device | None = None, dtype=None) -> AgentTeam:
-    """Rebuild the agents of a saved team (a local folder or a Hub repo id; full models or LoRA adapters on their
-    base) for decentralized inference.
-
-    `base_model` overrides the base recorded in team.json for LoRA teams (e.g. a local copy of the base).
-    """
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    if not os.path.isdir(folder):  # a Hub repo id: fetch the whole team once (fails clearly when offline)
-        from huggingface_hub import snapshot_download
-
-        folder = snapshot_download(folder)
-    desc = read_team_file(folder)
-    names = desc["agents"]
-    folders = {a: os.path.normpath(os.path.join(folder, desc["agent_folders"][a])) for a in names}
-    tokenizers = {a: AutoTokenizer.from_pretrained(folders[a]) for a in names}
-    if desc["layout"] == "shared_base":
-        base_path = base_model or desc.get("base_model")
-        if not base_path:
-            raise ValueError("team.json records no base model; pass `base_model` (the path or Hub id the adapters were trained on).")
-        base = AutoModelForCausalLM.from_pretrained(base_path, dtype=dtype)
-        model = PeftModel.from_pretrained(base, folders[names[0]], adapter_name=names[0])
-        for a in names[1:]:
-            model.load_adapter(folders[a], adapter_name=a)
-        team = AgentTeam(names, tokenizers, shared_base=model)
-    else:
-        policies = {a: AutoModelForCausalLM.from_pretrained(folders[a], dtype=dtype) for a in names}
-        team = AgentTeam(names, tokenizers, policies=policies)
-    team.requires_grad_(False)
-    team.eval()
-    if device is not None:
-        team.to(device)
-    return team
 
 
 @torch.no_grad()

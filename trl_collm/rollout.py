@@ -47,11 +47,6 @@ class Rollout:
     def num_turns(self) -> int:
         return self.turn_mask.shape[1]
 
-    def completions(self, turn: int) -> list[list[str]]:
-        """completions[k][i]: agent i's text in the k-th episode played at `turn`."""
-        per_agent = [self.turns[turn][a].gen.texts for a in self.agent_names]
-        return [list(x) for x in zip(*per_agent)]
-
 
 def _prompts_for(team, observations, episode_ids, histories, agent_context, t):
     """Each agent's prompt for the given episodes: its observation, or (agent_context="history") its own past

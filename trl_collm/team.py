@@ -35,9 +35,23 @@ class Generation:
 def _set_adapter_keep_grads(model, name: str, trainable: list[str]) -> None:
     """Activate one adapter without freezing the others (PEFT's set_adapter flips requires_grad)."""
     model.set_adapter(name)
-    for param_name, param in model.named_parameters():
-        if any(f".{a}." in param_name for a in trainable) and "lora_" in param_name:
-            param.requires_grad_(True)
+    model.set_requires_grad(trainable, requires_grad=True)
+
+
+def adapter_parameters(peft_model: nn.Module, name: str) -> list[nn.Parameter]:
+    """The parameters of one named adapter, found through PEFT's tuner layers (not by matching parameter names)."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    params = []
+    for module in peft_model.modules():
+        if not isinstance(module, BaseTunerLayer):
+            continue
+        for layer_name in module.adapter_layer_names:
+            layer = getattr(module, layer_name, None)
+            if layer is not None and name in layer:
+                part = layer[name]
+                params += list(part.parameters()) if isinstance(part, nn.Module) else [part]
+    return params
 
 
 class AgentTeam(nn.Module):
@@ -97,7 +111,14 @@ class AgentTeam(nn.Module):
     def agent_parameters(self, name: str) -> list[nn.Parameter]:
         if self.layout == "separate":
             return [p for p in self.policies[name].parameters() if p.requires_grad]
-        return [p for n, p in self.shared_base.named_parameters() if "lora_" in n and f".{name}." in n]
+        return adapter_parameters(self.shared_base, name)
+
+    def add_adapter(self, name: str, peft_config) -> None:
+        """One more trainable adapter on the shared base (a critic's), next to the agents'."""
+        self.shared_base.add_adapter(name, peft_config)
+        self.extra_adapters.append(name)
+        # add_adapter creates the new adapter frozen; make it (and keep the agents') trainable.
+        _set_adapter_keep_grads(self.shared_base, self.shared_base.active_adapter, self.trainable_adapters())
 
     def has_reference(self, name: str) -> bool:
         if self.layout == "shared_base":

@@ -10,8 +10,8 @@ Task modules register themselves on import (see `_BUILTIN_MODULES`).
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 
 @dataclass

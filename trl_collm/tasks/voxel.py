@@ -350,7 +350,7 @@ def _colour(block: str) -> str:
     import colorsys
 
     r, g, b = colorsys.hls_to_rgb(h / 360.0, 0.5, 0.6)
-    return "#%02x%02x%02x" % (int(r * 255), int(g * 255), int(b * 255))
+    return f"#{int(r * 255):02x}{int(g * 255):02x}{int(b * 255):02x}"
 
 
 def render_png(world: World, path, target: Target | None = None, title: str | None = None, dpi: int = 100) -> str:

@@ -4,7 +4,6 @@ checkpoints, saving and the Hub push. The PPO and MC trainers only say how advan
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -18,15 +17,13 @@ from transformers.trainer_utils import TrainOutput
 from trl.trainer.base_trainer import _BaseTrainer
 from trl.trainer.utils import disable_dropout_in_model
 
-from ..building import TeamModel, build_critic, build_team, resolve_agent_names
+from .. import saved_team
+from ..assembly import TeamModel, build_team, resolve_agent_names
 from ..envs import MultiAgentEnv, RewardFunctionEnv, RewardModelFunction, check_agent_names
-from ..inference import TEAM_FILE
 from ..rollout import Rollout, run_episodes
-from . import distributed
-from . import checkpoints
+from . import checkpoints, distributed
 
 logger = logging.getLogger(__name__)
-
 
 
 def build_env(env, reward_funcs, reward_model, prompt_formatters, args, team) -> MultiAgentEnv:
@@ -56,7 +53,6 @@ def build_env(env, reward_funcs, reward_model, prompt_formatters, args, team) ->
 class TeamTrainerBase(_BaseTrainer):
     _tag_names = ["trl", "trl-collm", "multi-agent"]
     _name = "TeamTrainer"
-    needs_critic = True
 
     def __init__(
         self,
@@ -88,17 +84,9 @@ class TeamTrainerBase(_BaseTrainer):
         args.resolve_for_team(len(names))
         distributed.prepare_args_for_deepspeed(args)  # before the accelerator exists (CPU backend, use_cpu, clipping)
         team = build_team(model, processing_class, ref_model, peft_config, args, names)
-        critic = build_critic(team, value_model, args, peft_config, critic_processing_class) if self.needs_critic else None
-        if getattr(args, "advantage_level", None) == "token" and critic is not None:
-            for a in names:
-                unit = critic.units[critic.key_for(a)]
-                if unit.tokenizer.get_vocab() != team.tokenizers[a].get_vocab():
-                    raise ValueError(
-                        f"`advantage_level='token'` needs the critic to read agent {a!r}'s tokens, but their tokenizers differ; "
-                        "use advantage_level='turn' for heterogeneous teams."
-                    )
+        critic = self.build_critic(team, value_model, args, peft_config, critic_processing_class)
         self.env = build_env(env, reward_funcs, reward_model, prompt_formatters, args, team)
-        _set_context_limits(team, critic, args)
+        _set_prompt_limits(team, args)
         team.share_prefix = args.share_prompt_prefix  # read by the team's forwards and generation and by its critics
         self.reward_model = reward_model
         team_model = TeamModel(team, critic)
@@ -125,6 +113,10 @@ class TeamTrainerBase(_BaseTrainer):
         if reward_model is not None:
             reward_model.to(self.accelerator.device).eval()
         self._metrics_history: list[dict] = []
+
+    def build_critic(self, team, value_model, args, peft_config, critic_processing_class):
+        """The run's critic (`trl_collm.critics.TeamCritic`), or None for a critic-free trainer."""
+        return None
 
     def _send_telemetry(self):
         # TRL's usage ping is for TRL's own trainers; a plugin should not report on their behalf.
@@ -186,7 +178,7 @@ class TeamTrainerBase(_BaseTrainer):
             )
         return self.optimizer
 
-    def _clip_gradients(self, agents: list[str], critic_keys: list[str]):
+    def _clip_gradients(self, agents: list[str]):
         args = self.args
         if args.max_grad_norm is None or args.max_grad_norm <= 0:
             return
@@ -196,56 +188,50 @@ class TeamTrainerBase(_BaseTrainer):
             return
         modules = [self.team.agent_parameters(a) for a in agents]
         if self.critic is not None:
-            units = self.critic.unit_parameters()
-            modules += [units[k] for k in critic_keys]
+            modules += self.critic.parameters_for(agents)
         for params in modules:
             params = [p for p in params if p.grad is not None]
             if params:
                 torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm)
 
     # ------------------------------------------------------------------ update schedule (shared by the trainers)
-    def run_updates(self, turns, pairs: torch.Tensor, epochs: int, per_agent: bool, extra_backward=None) -> dict:
-        """Optimizer steps over the played (episode, turn) `pairs`.
+    def run_updates(self, scored, pairs: torch.Tensor, epochs: int, per_agent: bool) -> dict:
+        """Optimizer steps over the played (episode, turn) `pairs` of `scored` (a trainer's scored batch, whose
+        `turns[t][agent]` are `ScoredTurn`s).
 
         joint: per epoch, shuffle the pairs, split them into `num_mini_batches`, one step each for every agent.
         per_agent: the reference codes' schedule: for each agent, for each turn, for each minibatch, one step.
-        `extra_backward(mpairs, agents, weight, logs)` adds more backward passes to a step (the critic's).
         """
         args, names = self.args, self.team.names
         logs = defaultdict(list)
         for _ in range(epochs):
             if not per_agent:
                 for mb in _split(pairs[torch.randperm(len(pairs))], args.num_mini_batches):
-                    self._step(turns, mb, names, logs, extra_backward)
+                    self._step(scored, mb, names, logs)
                 continue
             for a in names:
-                for t in range(len(turns)):
+                for t in range(len(scored.turns)):
                     sel = pairs[pairs[:, 1] == t]
                     for mb in _split(sel[torch.randperm(len(sel))], args.num_mini_batches):
-                        self._step(turns, mb, [a], logs, extra_backward)
+                        self._step(scored, mb, [a], logs)
         return logs
 
-    def _step(self, turns, pairs: torch.Tensor, agents: list[str], logs, extra_backward=None):
-        """One optimizer step on a minibatch of (episode, turn) pairs, micro-batched by per_device_train_batch_size.
-
-        Each part is backpropagated as soon as it is computed: with LoRA agents on one base the active adapter
-        changes between parts, and activation checkpointing must recompute with the adapter that was active.
-        """
+    def _step(self, scored, pairs: torch.Tensor, agents: list[str], logs):
+        """One optimizer step on a minibatch of (episode, turn) pairs, micro-batched by per_device_train_batch_size."""
         micro = self.micro_batch_rows()
         if self.is_deepspeed_enabled:
             # One engine.step() per minibatch: every backward below only accumulates (distributed.engine_backward);
             # DeepSpeed reduces the gradients across ranks and clips the global norm (max_grad_norm) in step().
             with distributed.engine_backward(self) as engine:
-                self._accumulate(turns, pairs, agents, logs, extra_backward, micro)
+                self._accumulate(scored, pairs, agents, logs, micro)
                 engine.step()
             if self.lr_scheduler is not None:
                 self.lr_scheduler.step()
             return
         self.optimizer.zero_grad(set_to_none=True)
-        self._accumulate(turns, pairs, agents, logs, extra_backward, micro)
+        self._accumulate(scored, pairs, agents, logs, micro)
         distributed.average_gradients(self)  # several processes without DeepSpeed; no-op in one process
-        critic_keys = sorted({self.critic.key_for(a) for a in agents}) if self.critic is not None else []
-        self._clip_gradients(agents, critic_keys)
+        self._clip_gradients(agents)
         self.optimizer.step()
         if self.lr_scheduler is not None:
             self.lr_scheduler.step()
@@ -255,22 +241,32 @@ class TeamTrainerBase(_BaseTrainer):
         `per_device_train_batch_size` of them (TRL's PPO micro-batch)."""
         return max(1, self.args.per_device_train_batch_size)
 
-    def _accumulate(self, turns, pairs: torch.Tensor, agents: list[str], logs, extra_backward, micro: int):
-        """The backward passes of one `_step` (gradients accumulate; no optimizer step here)."""
+    def _accumulate(self, scored, pairs: torch.Tensor, agents: list[str], logs, micro: int):
+        """The backward passes of one `_step` (gradients accumulate; no optimizer step here).
+
+        Each loss `step_losses` yields is backpropagated before the next is computed: with LoRA agents on one base
+        the active adapter changes between losses, and activation checkpointing must recompute with the adapter that
+        was active."""
         for mpairs in pairs.split(micro):
             weight = len(mpairs) / len(pairs)  # micro losses are means; weight them to the minibatch mean
-            for a in agents:
-                for t in mpairs[:, 1].unique().tolist():
-                    at = turns[t][a]
-                    rows = _rows_of(at.episode_ids, mpairs[mpairs[:, 1] == t][:, 0])
-                    if len(rows):
-                        loss = self._policy_loss(a, at, rows, logs)
-                        self.accelerator.backward(loss * weight * len(rows) / len(mpairs))
-            if extra_backward is not None:
-                extra_backward(mpairs, agents, weight, logs)
+            for loss, rows in self.step_losses(scored, mpairs, agents, logs):
+                self.accelerator.backward(loss * weight * rows / len(mpairs))
 
-    def _policy_loss(self, agent: str, agent_turn, rows: torch.Tensor, logs) -> torch.Tensor:
+    def step_losses(self, scored, mpairs: torch.Tensor, agents: list[str], logs):
+        """The losses of one micro-batch of (episode, turn) pairs for the `agents` being updated: yields
+        (loss, rows), a mean over `rows` of the micro-batch's pairs (the base weights it by rows / len(mpairs)).
+        Append what to log to `logs[key]`. The one hook a trainer implements for its update."""
         raise NotImplementedError
+
+    @staticmethod
+    def agent_rows(turns, mpairs: torch.Tensor, agents: list[str]):
+        """Yields (agent, scored turn, local rows) for every agent and turn that `mpairs` touches."""
+        for a in agents:
+            for t in mpairs[:, 1].unique().tolist():
+                st = turns[t][a]
+                rows = _rows_of(st.episode_ids, mpairs[mpairs[:, 1] == t][:, 0])
+                if len(rows):
+                    yield a, st, rows
 
     # ------------------------------------------------------------------ generation
     def generation_kwargs(self, greedy: bool = False) -> dict:
@@ -343,7 +339,7 @@ class TeamTrainerBase(_BaseTrainer):
             saved = checkpoints.load_checkpoint(self, checkpoint)
             for _ in range(saved["global_step"]):  # the data position: the same shuffled order, fast-forwarded
                 next(iterator)
-            checkpoints._set_rng_state(saved["rng"])  # after skipping, so sampling continues exactly
+            checkpoints.set_rng_state(saved["rng"])  # after skipping, so sampling continues exactly
             self.state.global_step, self.state.episode = saved["global_step"], saved["episode"]
             self.state.log_history = saved["log_history"]
             self._metrics_history = list(saved["metrics_history"])
@@ -431,26 +427,9 @@ class TeamTrainerBase(_BaseTrainer):
 
     # ------------------------------------------------------------------ saving
     def team_description(self) -> dict:
-        args, team = self.args, self.team
-        desc = {
-            "format": "trl-collm-team/1",
-            "agents": team.names,
-            "layout": team.layout,
-            "trainer": type(self).__name__,
-            "num_turns": args.num_turns,
-            "preset": args.preset,
-            "agent_folders": {a: ("." if self._single_agent() else a) for a in team.names},
-        }
-        if team.layout == "shared_base":
-            desc["base_model"] = getattr(team.shared_base.get_base_model().config, "_name_or_path", None)
-        if self.critic is not None:
-            desc["critic"] = {
-                "type": self.critic.critic_type,
-                "value_mode": self.critic.value_mode,
-                "units": {k: {"placement": u.placement, "agent": u.agent, "adapter": u.adapter, "num_outputs": u.num_outputs,
-                              "folder": self._critic_folder(k)} for k, u in self.critic.units.items()},
-            }
-        return desc
+        """The saved team's team.json (see `trl_collm.saved_team`)."""
+        args = self.args
+        return saved_team.describe_team(self.team, type(self).__name__, args.num_turns, args.preset, self.critic)
 
     def create_model_card(self, model_name=None, dataset_name=None, tags=None):
         """TRL's card, followed by the team section (agents, roles, task, critic, metrics, how to run the team)."""
@@ -473,11 +452,16 @@ class TeamTrainerBase(_BaseTrainer):
             pass
         return facts
 
+    # The config fields the model card lists (those the trainer's config has).
+    _card_fields = ("advantage_level", "policy_loss_type", "num_ppo_epochs", "kl_coef", "num_generations", "joint_mode",
+                    "expansion", "baseline", "loss_type", "gamma", "learning_rate")
+
     def _algorithm_facts(self) -> dict:
-        args = self.args
-        keys = ("critic_type", "centralized_value", "advantage_level", "policy_loss_type", "num_ppo_epochs", "kl_coef",
-                "num_generations", "joint_mode", "expansion", "baseline", "loss_type", "gamma", "learning_rate")
-        return {k: getattr(args, k) for k in keys if hasattr(args, k)}
+        facts = {}
+        if self.critic is not None:  # the card names the critic layout first
+            facts.update(self.critic.card_facts())
+        facts.update({k: getattr(self.args, k) for k in self._card_fields if hasattr(self.args, k)})
+        return facts
 
     def push_to_hub(self, commit_message: str | None = "End of training", blocking: bool = True, token: str | None = None,
                     revision: str | None = None, include_critic: bool = True, **kwargs):
@@ -502,44 +486,28 @@ class TeamTrainerBase(_BaseTrainer):
     def _single_agent(self) -> bool:
         return len(self.team.names) == 1
 
-    def _critic_folder(self, key: str) -> str:
-        return "critic" if key == "central" or self._single_agent() else os.path.join("critic", key)
-
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False):
-        from safetensors.torch import save_file
-
         output_dir = output_dir or self.args.output_dir
         # ZeRO-3: parameters are partitioned; gather a full state dict (collective, every rank) and write from it.
         full = distributed.full_state_dict(self)
         self.accelerator.wait_for_everyone()
         if not self.is_world_process_zero():
             return
-        part = lambda prefix: distributed.sub_state_dict(full, prefix)  # noqa: E731  (None: use the live modules)
-        os.makedirs(output_dir, exist_ok=True)
-        team = self.team
-        for a in team.names:
-            folder = output_dir if self._single_agent() else os.path.join(output_dir, a)
-            if full is not None and team.layout == "shared_base":
-                distributed.save_shared_adapter(team.shared_base, a, folder, part("team.shared_base."))
-                team.tokenizers[a].save_pretrained(folder)
-            else:
-                team.save_agent(a, folder, state_dict=part(f"team.policies.{a}."))
-        if self.critic is not None:
-            for key, unit in self.critic.units.items():
-                folder = os.path.join(output_dir, self._critic_folder(key))
-                os.makedirs(folder, exist_ok=True)
-                if unit.placement == "separate":
-                    unit.value_model.save_pretrained(folder, state_dict=part(f"critic.units.{key}.value_model."))
-                else:
-                    head = part(f"critic.units.{key}.head.") or unit.head.state_dict()
-                    save_file({k: v.detach().cpu().contiguous() for k, v in head.items()},
-                              os.path.join(folder, "value_head.safetensors"))
-                    if unit.placement == "shared_base_adapter":
-                        distributed.save_shared_adapter(team.shared_base, unit.adapter, folder, part("team.shared_base."))
-                unit.tokenizer.save_pretrained(folder)
-        with open(os.path.join(output_dir, TEAM_FILE), "w") as f:
-            json.dump(self.team_description(), f, indent=2)
+        saved_team.write_team(output_dir, self.team, self.critic, self.team_description(), full)
         torch.save(self.args, os.path.join(output_dir, "training_args.bin"))
+
+    # ------------------------------------------------------------------ checkpoints
+    @property
+    def metrics_history(self) -> list[dict]:
+        """The metrics of every iteration so far."""
+        return self._metrics_history
+
+    def checkpoint_state(self) -> dict:
+        """Trainer state a checkpoint keeps besides parameters, optimizer, scheduler and RNG (see checkpoints.py)."""
+        return {}
+
+    def load_checkpoint_state(self, state: dict) -> None:
+        """Restore what `checkpoint_state` returned."""
 
 
 def _rows_of(episode_ids: torch.Tensor, wanted: torch.Tensor) -> torch.Tensor:
@@ -573,8 +541,9 @@ def _chunked(fn, total: int, size: int) -> torch.Tensor:
     return torch.cat(outs, dim=0)
 
 
-def _set_context_limits(team, critic, args) -> None:
-    """Prompts longer than a model's context would crash or silently wrap positions: cut them to fit (keeping the end)."""
+def _set_prompt_limits(team, args) -> None:
+    """Prompts longer than a model's context would crash or silently wrap positions: cut them to fit (keeping the
+    end)."""
     from ..team import max_positions
 
     for a in team.names:
@@ -584,11 +553,3 @@ def _set_context_limits(team, critic, args) -> None:
             limits.append(context - args.response_length)
         limits = [x for x in limits if x is not None]
         team.prompt_limits[a] = max(1, min(limits)) if limits else None
-    if critic is None:
-        return
-    token_level = getattr(args, "advantage_level", None) == "token"
-    for unit in critic.units.values():
-        model = unit.value_model if unit.placement == "separate" else team.model_of(unit.agent or team.names[0])
-        context = max_positions(model)
-        if context is not None:
-            unit.max_tokens = max(1, context - (args.response_length if token_level else 0))

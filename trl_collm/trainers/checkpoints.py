@@ -28,7 +28,7 @@ def _rng_state() -> dict:
     return state
 
 
-def _set_rng_state(state: dict) -> None:
+def set_rng_state(state: dict) -> None:
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
@@ -50,11 +50,7 @@ def save_checkpoint(trainer, output_dir: str) -> str:
     trainer.save_model(tmp)  # the team, loadable on its own (all ranks join: DeepSpeed gathers weights here)
     if not trainer.is_world_process_zero():
         return final
-    extra = {}
-    if getattr(trainer, "value_rms", None) is not None:
-        extra["value_rms"] = trainer.value_rms.state_dict()
-    if getattr(trainer, "_generator", None) is not None:
-        extra["generator"] = trainer._generator.get_state()
+    extra = trainer.checkpoint_state()
     torch.save(
         {
             "params": trainable_state(trainer.model),
@@ -64,7 +60,7 @@ def save_checkpoint(trainer, output_dir: str) -> str:
             "rng": _rng_state(),
             "global_step": step,
             "episode": trainer.state.episode,
-            "metrics_history": trainer._metrics_history,
+            "metrics_history": trainer.metrics_history,
             "log_history": trainer.state.log_history,
             "extra": extra,
         },
@@ -139,10 +135,6 @@ def load_checkpoint(trainer, path: str) -> dict:
     trainer.optimizer.load_state_dict(state["optimizer"])
     if state["scheduler"] is not None and trainer.lr_scheduler is not None:
         trainer.lr_scheduler.load_state_dict(state["scheduler"])
-    extra = state.get("extra", {})
-    if "value_rms" in extra and getattr(trainer, "value_rms", None) is not None:
-        trainer.value_rms.load_state_dict(extra["value_rms"])
-    if "generator" in extra and getattr(trainer, "_generator", None) is not None:
-        trainer._generator.set_state(extra["generator"])
-    _set_rng_state(state["rng"])
+    trainer.load_checkpoint_state(state.get("extra", {}))
+    set_rng_state(state["rng"])
     return state

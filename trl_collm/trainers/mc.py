@@ -11,12 +11,39 @@ One iteration:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from .. import algorithms as alg
-from ..configs import MultiAgentMCConfig
 from ..rollout import AgentTurn, SampleTree, run_cross, run_tree
 from .base import TeamTrainerBase, _chunked
+from .mc_config import MultiAgentMCConfig
+from .scored import ScoredTurn
+
+
+@dataclass
+class MCTurn(ScoredTurn):
+    """A scored turn of the MC trainer."""
+
+    sample_mask: torch.Tensor | None = None  # (B,) cross mode: the samples that took part in a joint action
+
+
+@dataclass
+class MCAdvantages:
+    """What `advantages` returns: per turn, (N_t, n) advantages and the (N_t, n) returns they came from."""
+
+    advantages: list[torch.Tensor]
+    returns: list[torch.Tensor]
+
+
+@dataclass
+class ScoredTree:
+    """A sampled tree scored for the update."""
+
+    tree: SampleTree
+    turns: list[dict[str, MCTurn]]  # turns[t][agent]
+    advantages: MCAdvantages
 
 
 class MultiAgentMCTrainer(TeamTrainerBase):
@@ -24,7 +51,6 @@ class MultiAgentMCTrainer(TeamTrainerBase):
 
     _tag_names = ["trl", "trl-collm", "multi-agent", "magrpo"]
     _name = "MultiAgentMC"
-    needs_critic = False
     _paper = {
         "title": "LLM Collaboration With Multi-Agent Reinforcement Learning",
         "id": "2508.04652",
@@ -41,6 +67,13 @@ class MultiAgentMCTrainer(TeamTrainerBase):
         super().__init__(args, processing_class, model, ref_model, reward_model, train_dataset, None, data_collator,
                          eval_dataset, optimizers, callbacks, peft_config, reward_funcs, env, **kwargs)
         self._generator = torch.Generator().manual_seed(args.seed)
+
+    def checkpoint_state(self) -> dict:
+        return {"generator": self._generator.get_state()}
+
+    def load_checkpoint_state(self, state: dict) -> None:
+        if "generator" in state:
+            self._generator.set_state(state["generator"])
 
     def optimizer_steps_per_iteration(self) -> int:
         args = self.args
@@ -66,7 +99,7 @@ class MultiAgentMCTrainer(TeamTrainerBase):
                         self.accelerator.device, self.generation_kwargs(), agent_context=args.agent_context,
                         early_termination_threshold=args.early_termination_threshold, **common)
 
-    def advantages(self, tree: SampleTree) -> list[torch.Tensor]:
+    def advantages(self, tree: SampleTree) -> MCAdvantages:
         """Per turn, (N_t, n) advantages: return minus the baseline of the node's group, per agent."""
         args = self.args
         rewards = tree.rewards
@@ -81,8 +114,7 @@ class MultiAgentMCTrainer(TeamTrainerBase):
                 [alg.group_advantages(ret[:, i], tree.groups[t], mask[:, i], args.baseline, args.scale_advantages)
                  for i in range(ret.shape[1])], dim=-1)
             out.append(adv)
-        self._returns = returns
-        return out
+        return MCAdvantages(out, returns)
 
     # ------------------------------------------------------------------ the iteration
     def training_iteration(self, rows: list[dict]) -> dict:
@@ -90,33 +122,48 @@ class MultiAgentMCTrainer(TeamTrainerBase):
 
     def learn(self, tree: SampleTree) -> dict:
         """Advantages, (old / reference log-probs when needed) and the update, for one sampled tree."""
+        scored = self.score_tree(tree)
+        pairs = [torch.stack([torch.arange(len(ids)), torch.full((len(ids),), t)], -1)
+                 for t, ids in enumerate(turn[self.team.names[0]].episode_ids for turn in scored.turns)]
+        self.model.train()
+        args = self.args
+        logs = self.run_updates(scored, torch.cat(pairs), args.num_iterations, args.update_schedule == "per_agent_turn")
+        metrics = {key: float(torch.tensor(vals).mean()) for key, vals in logs.items()}
+        metrics.update(self._rollout_metrics(scored))
+        return metrics
+
+    @torch.no_grad()
+    def score_tree(self, tree: SampleTree) -> ScoredTree:
+        """Advantages per sample, and the old / reference log-probs the loss needs."""
         args, names = self.args, self.team.names
         advantages = self.advantages(tree)
         temp = args.temperature if args.scale_logits_by_temperature else 1.0
         need_old = args.loss_type == "clipped" or args.beta != 0
-        pairs = []
-        with torch.no_grad():
-            for t, turn in enumerate(tree.turns):
-                for i, a in enumerate(names):
-                    at = turn[a]
-                    at.advantages = advantages[t][:, i]
-                    at.sample_mask = tree.credit_mask[t][:, i] if tree.credit_mask is not None else None
-                    if need_old:
-                        at.old_logprobs = self._logprobs(a, at, temp, reference=False)
-                    at.ref_logprobs = self._logprobs(a, at, temp, reference=True) if args.beta != 0 else None
-                pairs.append(torch.stack([torch.arange(len(turn[names[0]].episode_ids)), torch.full((len(turn[names[0]].episode_ids),), t)], -1))
-        self.model.train()
-        logs = self.run_updates(tree.turns, torch.cat(pairs), args.num_iterations, args.update_schedule == "per_agent_turn")
-        metrics = {key: float(torch.tensor(vals).mean()) for key, vals in logs.items()}
-        metrics.update(self._rollout_metrics(tree))
-        return metrics
+        turns = []
+        for t, turn in enumerate(tree.turns):
+            scored = {}
+            for i, a in enumerate(names):
+                at = turn[a]
+                scored[a] = MCTurn(
+                    at, advantages=advantages.advantages[t][:, i],
+                    sample_mask=tree.credit_mask[t][:, i] if tree.credit_mask is not None else None,
+                    old_logprobs=self._logprobs(a, at, temp, reference=False) if need_old else None,
+                    ref_logprobs=self._logprobs(a, at, temp, reference=True) if args.beta != 0 else None,
+                )
+            turns.append(scored)
+        return ScoredTree(tree, turns, advantages)
 
     def _logprobs(self, a: str, at: AgentTurn, temp: float, reference: bool) -> torch.Tensor:
         g = at.gen
         return _chunked(lambda s: self.team.logprobs(a, g.query_ids[s], g.query_mask[s], g.response_ids[s], g.response_mask[s], temp,
                                                      reference=reference)[0], len(g.query_ids), self.args.local_rollout_forward_batch_size)
 
-    def _policy_loss(self, a: str, at: AgentTurn, rows: torch.Tensor, logs) -> torch.Tensor:
+    def step_losses(self, scored: ScoredTree, mpairs: torch.Tensor, agents: list[str], logs):
+        """The agents' policy losses (no critic)."""
+        for a, st, rows in self.agent_rows(scored.turns, mpairs, agents):
+            yield self._policy_loss(a, st, rows, logs), len(rows)
+
+    def _policy_loss(self, a: str, at: MCTurn, rows: torch.Tensor, logs) -> torch.Tensor:
         args = self.args
         g = at.gen
         temp = args.temperature if args.scale_logits_by_temperature else 1.0
@@ -140,10 +187,10 @@ class MultiAgentMCTrainer(TeamTrainerBase):
             logs[f"{a}/{key}"].append(float(val.detach()))
         return loss
 
-    def _rollout_metrics(self, tree: SampleTree) -> dict:
-        names = self.team.names
+    def _rollout_metrics(self, scored: ScoredTree) -> dict:
+        names, tree, returns = self.team.names, scored.tree, scored.advantages.returns
         first = tree.rewards[0]
-        root_returns = self._returns[0]
+        root_returns = returns[0]
         out = {
             # mean over the prompts' first-turn samples of the (tree) return: the team's expected return
             "objective/scores": float(root_returns.mean()),
@@ -153,7 +200,7 @@ class MultiAgentMCTrainer(TeamTrainerBase):
         }
         for t, rew in enumerate(tree.rewards):
             out[f"turn_{t + 1}/reward_mean"] = float(rew.mean())
-            out[f"turn_{t + 1}/return_mean"] = float(self._returns[t].mean())
+            out[f"turn_{t + 1}/return_mean"] = float(returns[t].mean())
         for i, a in enumerate(names):
             out[f"{a}/objective/scores"] = float(root_returns[:, i].mean())
             out[f"{a}/reward_mean"] = float(first[:, i].mean())

@@ -10,32 +10,47 @@ One iteration:
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass
 
 import torch
 
 from .. import algorithms as alg
-from ..configs import MultiAgentPPOConfig
-from ..rollout import AgentTurn, Rollout
-from ..views import centralized_view, decentralized_view
+from ..critics import CriticBatch, build_critic
+from ..rollout import Rollout
 from .base import TeamTrainerBase, _chunked, _rows_of
+from .ppo_config import MultiAgentPPOConfig
+from .scored import ScoredTurn
 
 
 @dataclass
-class CriticBatch:
-    """Critic inputs and targets for one (turn, critic, target) group of rows."""
+class PPOTurn(ScoredTurn):
+    """A scored turn of the PPO trainer."""
 
-    key: str  # critic unit
-    turn: int
-    agents: list[str]  # agents whose values the output columns hold (len k), or the one agent valued
-    episode_ids: torch.Tensor  # (B,)
-    views: list[str]
-    suffix_ids: list[list[int]] | None  # token-level: the agent's response tokens appended to the view
-    old_values: torch.Tensor | None = None  # (B, k) turn-level or (B, Lr) token-level
-    returns: torch.Tensor | None = None
-    mask: torch.Tensor | None = None  # (B, Lr) token-level
-    view_ids: list[list[int]] | None = None  # the views tokenized by the critic (filled on first use)
+    kl: torch.Tensor | None = None  # (B, Lr) per-token KL to the reference (kl_coef != 0)
+    old_deferred: bool = False  # old_logprobs are filled by the update's first forward (see _defer_old_logprobs)
+
+
+@dataclass
+class PPOAdvantages:
+    """What an advantage function returns: normalised advantages per turn and agent, and the critic's statistics."""
+
+    advantages: list[dict[str, torch.Tensor]]  # [t][agent]: (B,) turn-level or (B, Lr) token-level
+    values: torch.Tensor  # the played entries' values, returns and raw advantages, flat (statistics)
+    returns: torch.Tensor
+    raw_advantages: torch.Tensor
+    value_table: torch.Tensor | None = None  # (E, T, n) turn-level values and returns (per-agent diagnostics)
+    return_table: torch.Tensor | None = None
+
+
+@dataclass
+class ScoredRollout:
+    """A rollout scored for the update: its turns with log-probs and advantages, the critics' inputs and targets."""
+
+    rollout: Rollout
+    turns: list[dict[str, PPOTurn]]  # turns[t][agent]
+    critic_batches: list[CriticBatch]
+    advantages: PPOAdvantages
+    metrics: dict
 
 
 class MultiAgentPPOTrainer(TeamTrainerBase):
@@ -58,144 +73,127 @@ class MultiAgentPPOTrainer(TeamTrainerBase):
                          eval_dataset, optimizers, callbacks, peft_config, reward_funcs, env, **kwargs)
         self.value_rms = alg.RunningMeanStd() if args.value_normalization else None
 
+    def checkpoint_state(self) -> dict:
+        return {"value_rms": self.value_rms.state_dict()} if self.value_rms is not None else {}
+
+    def load_checkpoint_state(self, state: dict) -> None:
+        if "value_rms" in state and self.value_rms is not None:
+            self.value_rms.load_state_dict(state["value_rms"])
+
     # ------------------------------------------------------------------ schedule
     def optimizer_steps_per_iteration(self) -> int:
         args = self.args
         groups = len(self.team.names) * args.num_turns if args.critic_updates == "per_agent" else 1
         return args.num_ppo_epochs * args.num_mini_batches * groups
 
-    # ------------------------------------------------------------------ views
-    def critic_batches(self, roll: Rollout) -> list[CriticBatch]:
-        """Which text each critic reads. DC: the agent's own context only. CC: every agent's, tagged by name."""
-        args, names = self.args, self.team.names
-        token = args.advantage_level == "token"
-        out = []
-        for t, turn in enumerate(roll.turns):
-            ids = turn[names[0]].episode_ids
-            if args.critic_type == "decentralized":
-                for a in names:
-                    views = [decentralized_view(c) for c in turn[a].contexts]
-                    out.append(CriticBatch(a, t, [a], ids, views, _suffix(turn[a]) if token else None))
-                continue
-            joint = [[turn[a].contexts[k] for a in names] for k in range(len(ids))]
-            actions = [[turn[a].gen.texts[k] for a in names] for k in range(len(ids))] if args.critic_sees_joint_action else None
+    # ------------------------------------------------------------------ the critic
+    def build_critic(self, team, value_model, args, peft_config, critic_processing_class):
+        token_level = args.advantage_level == "token"
+        critic = build_critic(team, value_model, args, peft_config, critic_processing_class, token_level=token_level)
+        if token_level:
+            critic.check_tokenizers(team)
+        # Token-level views carry the response after the view: keep room for it in the critic's context.
+        critic.set_context_limits(args.response_length if token_level else 0)
+        return critic
 
-            def view(k, target=None):
-                return centralized_view(names, joint[k], actions[k] if actions else None, target)
-
-            if args.centralized_value == "agent_tagged" or token:
-                for a in names:
-                    tag = a if args.centralized_value == "agent_tagged" else None
-                    out.append(CriticBatch("central", t, [a], ids, [view(k, tag) for k in range(len(ids))], _suffix(turn[a]) if token else None))
-            else:
-                cols = list(names) if args.centralized_value == "per_agent_heads" else ["*team*"]
-                out.append(CriticBatch("central", t, cols, ids, [view(k) for k in range(len(ids))], None))
-        return out
-
-    def _critic_forward(self, cb: CriticBatch, rows: torch.Tensor | None = None) -> torch.Tensor:
-        """Values (B, k) at the end of the view (turn-level) or (B, Lr) per response token (token-level)."""
-        unit = self.critic.units[cb.key]
-        if cb.view_ids is None:  # tokenized once per iteration: the scoring pass and every update step reuse it
-            cb.view_ids = unit.tokenize(cb.views)
-        sel = range(len(cb.views)) if rows is None else rows.tolist()
-        suffix = [cb.suffix_ids[i] for i in sel] if cb.suffix_ids is not None else None
-        ids, mask = unit.pad([cb.view_ids[i] for i in sel], self.accelerator.device, suffix_ids=suffix)
-        if suffix is None:
-            return unit(ids, mask, keep=1)[:, -1, :]
-        col = self.critic.output_index(cb.agents[0])
-        lr = max(len(s) for s in suffix)
-        # Left padding puts every suffix at the right end; value of the state before token j sits at L - lr - 1 + j.
-        return unit(ids, mask, keep=lr + 1)[:, :-1, col]
+    def _values(self, cb: CriticBatch) -> torch.Tensor:
+        """The critic's values for a whole batch, in chunks of local_rollout_forward_batch_size rows."""
+        device = self.accelerator.device
+        return _chunked(lambda s: self.critic.values(cb, device, torch.arange(len(cb.views))[s]), len(cb.views),
+                        self.args.local_rollout_forward_batch_size)
 
     # ------------------------------------------------------------------ scoring (no grad)
     @torch.no_grad()
-    def score_rollout(self, roll: Rollout):
+    def score_rollout(self, roll: Rollout) -> ScoredRollout:
         args, team, names = self.args, self.team, self.team.names
         n, E, T = len(names), roll.num_episodes, roll.num_turns
         token = args.advantage_level == "token"
         temp = args.temperature if args.scale_logits_by_temperature else 1.0
-        stats = defaultdict(list)
+        num_eos = {a: [] for a in names}
+        response_length = {a: [] for a in names}
         rewards = roll.rewards.clone()  # (E, T, n)
         kl_seq = torch.zeros(E, T, n)
         logp_seq = torch.zeros(E, T, n)
         chunk = args.local_rollout_forward_batch_size
         defer = self._defer_old_logprobs()
+        turns: list[dict[str, PPOTurn]] = []
         for t, turn in enumerate(roll.turns):
+            scored = {}
             for i, a in enumerate(names):
                 at = turn[a]
                 g = at.gen
-                stats[f"{a}/num_eos_tokens"].append(float(g.ended.float().sum()))
-                stats[f"{a}/response_length"].append(float(g.response_mask.float().sum(-1).mean()))
+                num_eos[a].append(float(g.ended.float().sum()))
+                response_length[a].append(float(g.response_mask.float().sum(-1).mean()))
                 if args.missing_eos_penalty is not None:
                     rewards[at.episode_ids, t, i] -= args.missing_eos_penalty * (~g.ended).float().cpu()
-                at.ref_logprobs = None
-                at.old_deferred = defer
                 if defer:  # filled row by row by the update's own forward (see _defer_old_logprobs)
-                    at.old_logprobs = torch.zeros(g.response_ids.shape, device=g.response_ids.device)
+                    old = torch.zeros(g.response_ids.shape, device=g.response_ids.device)
+                    scored[a] = PPOTurn(at, old_logprobs=old, old_deferred=True)
                     continue
-                old = _chunked(lambda s: team.logprobs(a, g.query_ids[s], g.query_mask[s], g.response_ids[s], g.response_mask[s], temp)[0], len(at.episode_ids), chunk)
-                at.old_logprobs = old
+                old = _chunked(lambda s: team.logprobs(a, g.query_ids[s], g.query_mask[s], g.response_ids[s],
+                                                       g.response_mask[s], temp)[0], len(at.episode_ids), chunk)
+                scored[a] = st = PPOTurn(at, old_logprobs=old)
                 if args.kl_coef != 0 and team.has_reference(a):
-                    ref = _chunked(lambda s: team.logprobs(a, g.query_ids[s], g.query_mask[s], g.response_ids[s], g.response_mask[s], temp, reference=True)[0], len(at.episode_ids), chunk)
-                    at.ref_logprobs = ref
-                    kl = alg.kl_per_token(old, ref, args.kl_estimator).masked_fill(~g.response_mask, 0)
-                    at.kl = kl
-                    kl_seq[at.episode_ids, t, i] = kl.sum(-1).cpu()
+                    ref = _chunked(lambda s: team.logprobs(a, g.query_ids[s], g.query_mask[s], g.response_ids[s],
+                                                           g.response_mask[s], temp, reference=True)[0],
+                                   len(at.episode_ids), chunk)
+                    st.ref_logprobs = ref
+                    st.kl = alg.kl_per_token(old, ref, args.kl_estimator).masked_fill(~g.response_mask, 0)
+                    kl_seq[at.episode_ids, t, i] = st.kl.sum(-1).cpu()
                 logp_seq[at.episode_ids, t, i] = old.sum(-1).cpu()
+            turns.append(scored)
         scores = rewards.clone()  # environment reward after the EOS penalty, before KL
-        cbs = self.critic_batches(roll)
+        cbs = self.critic.batches(roll)
         if token:
-            self._token_advantages(roll, cbs, scores)
+            advantages = self._token_advantages(turns, cbs, scores)
         else:
-            self._turn_advantages(roll, cbs, rewards - args.kl_coef * kl_seq)
+            advantages = self._turn_advantages(roll, cbs, rewards - args.kl_coef * kl_seq)
+        for t, scored in enumerate(turns):
+            for a, st in scored.items():
+                st.advantages = advantages.advantages[t][a]
         ep_return = (roll.rewards * roll.turn_mask.unsqueeze(-1)).sum(1)  # (E, n)
         metrics = {
             "objective/kl": float(kl_seq.sum((1, 2)).mean()),
             "objective/entropy": None if defer else float((-logp_seq).sum((1, 2)).mean()),
             "objective/non_score_reward": float((-args.kl_coef * kl_seq).sum((1, 2)).mean()),
             "objective/scores": float((scores * roll.turn_mask.unsqueeze(-1)).sum(1).mean()),
-            "objective/rlhf_reward": float((scores * roll.turn_mask.unsqueeze(-1)).sum(1).mean() - args.kl_coef * kl_seq.sum((1, 2)).mean()),
+            "objective/rlhf_reward": float((scores * roll.turn_mask.unsqueeze(-1)).sum(1).mean()
+                                           - args.kl_coef * kl_seq.sum((1, 2)).mean()),
             "objective/turns": float(roll.turn_mask.float().sum(1).mean()),
-            "val/num_eos_tokens": float(sum(sum(stats[f"{a}/num_eos_tokens"]) for a in names)),
+            "val/num_eos_tokens": float(sum(sum(num_eos[a]) for a in names)),
         }
         for i, a in enumerate(names):
             metrics[f"{a}/objective/scores"] = float(ep_return[:, i].mean())
             metrics[f"{a}/objective/kl"] = float(kl_seq[:, :, i].sum(1).mean())
-            metrics[f"{a}/response_length"] = sum(stats[f"{a}/response_length"]) / len(stats[f"{a}/response_length"])
+            metrics[f"{a}/response_length"] = sum(response_length[a]) / len(response_length[a])
         comps = getattr(self.env, "last_reward_components", None) or {}
         for name, value in comps.items():
             metrics[f"rewards/{name}"] = float(value.float().mean())
-        return cbs, metrics
+        return ScoredRollout(roll, turns, cbs, advantages, metrics)
 
-    def _turn_advantages(self, roll: Rollout, cbs: list[CriticBatch], rewards: torch.Tensor):
+    def _turn_advantages(self, roll: Rollout, cbs: list[CriticBatch], rewards: torch.Tensor) -> PPOAdvantages:
         """Turn-level GAE: each completion is one action valued at the end of its view."""
         args, names = self.args, self.team.names
         n, E, T = len(names), roll.num_episodes, roll.num_turns
         V = torch.zeros(E, T, n)
         for cb in cbs:
-            v = _chunked(lambda s: self._critic_forward(cb, torch.arange(len(cb.views))[s]), len(cb.views), args.local_rollout_forward_batch_size).float().cpu()
+            v = self._values(cb).float().cpu()
             if self.value_rms is not None:
                 v = self.value_rms.denormalize(v)
             cb.old_values = v
-            for c, a in enumerate(cb.agents):
-                if a == "*team*":
-                    V[cb.episode_ids, cb.turn, :] = v[:, c : c + 1]
-                else:
-                    V[cb.episode_ids, cb.turn, names.index(a)] = v[:, c]
+            cb.scatter_values(v, V, names)
         mask = roll.turn_mask
         adv = torch.zeros(E, T, n)
         ret = torch.zeros(E, T, n)
         for i in range(n):
             adv[:, :, i], ret[:, :, i] = alg.gae(rewards[:, :, i], V[:, :, i], mask.float(), args.gamma, args.lam)
-        self._stats = {"values": V[mask], "returns": ret[mask], "raw_adv": adv[mask]}
+        values, returns, raw = V[mask], ret[mask], adv[mask]
         for cb in cbs:
-            cols = [ret[cb.episode_ids, cb.turn].mean(-1) if a == "*team*" else ret[cb.episode_ids, cb.turn, names.index(a)] for a in cb.agents]
-            cb.returns = torch.stack(cols, dim=-1)
+            cb.returns = cb.column_targets(ret, names)
         adv = self._normalize_advantages(adv, mask)
-        for t, turn in enumerate(roll.turns):
-            for i, a in enumerate(names):
-                turn[a].advantages = adv[turn[a].episode_ids, t, i]
-        self._adv_table, self._value_table, self._return_table = adv, V, ret
+        per_turn = [{a: adv[turn[a].episode_ids, t, i] for i, a in enumerate(names)}
+                    for t, turn in enumerate(roll.turns)]
+        return PPOAdvantages(per_turn, values, returns, raw, value_table=V, return_table=ret)
 
     def _normalize_advantages(self, adv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         args = self.args
@@ -204,60 +202,66 @@ class MultiAgentPPOTrainer(TeamTrainerBase):
         E, T, n = adv.shape
         agent_id = torch.arange(n).view(1, 1, n).expand(E, T, n)
         turn_id = torch.arange(T).view(1, T, 1).expand(E, T, n)
-        groups = {"batch": torch.zeros_like(agent_id), "agent": agent_id, "agent_turn": agent_id * T + turn_id}[args.advantage_norm_scope]
+        groups = {"batch": torch.zeros_like(agent_id), "agent": agent_id,
+                  "agent_turn": agent_id * T + turn_id}[args.advantage_norm_scope]
         full_mask = mask.unsqueeze(-1).expand(E, T, n)
         if args.advantage_norm_std_floor is not None:
             return alg.zscore_by_group(adv, groups, full_mask, unbiased=False, std_floor=args.advantage_norm_std_floor)
         return alg.zscore_by_group(adv, groups, full_mask, unbiased=True)
 
-    def _token_advantages(self, roll: Rollout, cbs: list[CriticBatch], scores: torch.Tensor):
+    def _token_advantages(self, turns: list[dict[str, PPOTurn]], cbs: list[CriticBatch],
+                          scores: torch.Tensor) -> PPOAdvantages:
         """TRL PPO semantics: per-token values, per-token KL penalty, score at the last response token."""
         args, names = self.args, self.team.names
-        turn = roll.turns[0]
+        turn = turns[0]
+        raw = {}
         all_values, all_returns, all_adv = [], [], []
         for cb in cbs:
             a = cb.agents[0]
-            at = turn[a]
-            mask = at.gen.response_mask
-            v = _chunked(lambda s: self._critic_forward(cb, torch.arange(len(cb.views))[s]), len(cb.views), args.local_rollout_forward_batch_size).float()
+            st = turn[a]
+            mask = st.gen.response_mask
+            v = self._values(cb).float()
             if self.value_rms is not None:
                 v = self.value_rms.denormalize(v)
             v = v.masked_fill(~mask, 0)
-            kl = getattr(at, "kl", torch.zeros_like(v))
-            r, non_score = alg.token_level_rewards(scores[at.episode_ids, 0, names.index(a)].to(v.device), kl, mask, args.kl_coef)
+            kl = st.kl if st.kl is not None else torch.zeros_like(v)
+            r, non_score = alg.token_level_rewards(scores[st.episode_ids, 0, names.index(a)].to(v.device), kl, mask,
+                                                   args.kl_coef)
             if args.whiten_rewards:
                 r = alg.whiten(r, mask, shift_mean=False)
             adv, ret = alg.gae(r, v, mask.float(), args.gamma, args.lam)
             cb.old_values, cb.returns, cb.mask = v, ret, mask
-            at.token_advantages = adv
+            raw[a] = adv
             all_values.append(v[mask]), all_returns.append(ret[mask]), all_adv.append(adv[mask])
-        self._stats = {"values": torch.cat(all_values).cpu(), "returns": torch.cat(all_returns).cpu(), "raw_adv": torch.cat(all_adv).cpu()}
         scope = args.advantage_norm_scope
         if scope == "batch":
-            flat = torch.cat([turn[a].token_advantages[turn[a].gen.response_mask] for a in names])
+            flat = torch.cat([raw[a][turn[a].gen.response_mask] for a in names])
             mean, std = flat.mean(), flat.std() if flat.numel() > 1 else torch.tensor(1.0)
+        normalized = {}
         for a in names:
-            at = turn[a]
-            m = at.gen.response_mask
+            m = turn[a].gen.response_mask
             if scope in ("agent", "agent_turn"):
-                at.advantages = alg.whiten(at.token_advantages, m)
+                normalized[a] = alg.whiten(raw[a], m)
             elif scope == "batch":
-                at.advantages = ((at.token_advantages - mean) / (std + 1e-8)).masked_fill(~m, 0)
+                normalized[a] = ((raw[a] - mean) / (std + 1e-8)).masked_fill(~m, 0)
             else:
-                at.advantages = at.token_advantages
+                normalized[a] = raw[a]
+        return PPOAdvantages([normalized], torch.cat(all_values).cpu(), torch.cat(all_returns).cpu(),
+                             torch.cat(all_adv).cpu())
 
     # ------------------------------------------------------------------ update
     def training_iteration(self, rows: list[dict]) -> dict:
         roll = self.rollout(rows)
-        cbs, metrics = self.score_rollout(roll)
+        scored = self.score_rollout(roll)
         if self.value_rms is not None:
-            self.value_rms.update(self._stats["returns"])
+            self.value_rms.update(scored.advantages.returns)
         self.model.train()
-        metrics.update(self.update(roll, cbs))
+        metrics = dict(scored.metrics)
+        metrics.update(self.update(scored))
         if metrics["objective/entropy"] is None:  # deferred: the update filled the old log-probs
-            metrics["objective/entropy"] = float(sum(-roll.turns[t][a].old_logprobs.sum() for t in range(len(roll.turns))
-                                                     for a in self.team.names)) / roll.num_episodes
-        metrics.update(self._critic_diagnostics(roll))
+            metrics["objective/entropy"] = float(sum(-st.old_logprobs.sum() for turn in scored.turns
+                                                     for st in turn.values())) / roll.num_episodes
+        metrics.update(self._critic_diagnostics(scored))
         return metrics
 
     def _defer_old_logprobs(self) -> bool:
@@ -276,60 +280,57 @@ class MultiAgentPPOTrainer(TeamTrainerBase):
             return False
         if args.kl_coef != 0 and any(self.team.has_reference(a) for a in self.team.names):
             return False
-        if args.critic_updates == "per_agent":
-            placements = {u.placement for u in self.critic.units.values()}
-            if args.num_turns > 1 or "actor_head" in placements:
-                return False
+        if args.critic_updates == "per_agent" and (args.num_turns > 1 or self.critic.shares_actor_weights()):
+            return False
         return True
 
-    def update(self, roll: Rollout, cbs: list[CriticBatch]) -> dict:
+    def update(self, scored: ScoredRollout) -> dict:
         args = self.args
-        pairs = roll.turn_mask.nonzero()  # (P, 2): (episode, turn) pairs that were played
-
-        def critic_backward(mpairs, agents, weight, logs):
-            """vf_coef x the critic loss on the same (episode, turn) pairs, for the critics of `agents`."""
-            keys = {self.critic.key_for(a) for a in agents}
-            for cb in cbs:
-                cols = [c for c, x in enumerate(cb.agents) if x == "*team*" or x in agents]
-                if cb.key not in keys or not cols:
-                    continue
-                rows = _rows_of(cb.episode_ids, mpairs[mpairs[:, 1] == cb.turn][:, 0])
-                if len(rows):
-                    loss = self._value_loss(cb, rows, cols, logs)
-                    self.accelerator.backward(args.vf_coef * loss * weight * len(rows) / len(mpairs))
-
-        logs = self.run_updates(roll.turns, pairs, args.num_ppo_epochs, args.critic_updates == "per_agent", critic_backward)
+        pairs = scored.rollout.turn_mask.nonzero()  # (P, 2): (episode, turn) pairs that were played
+        logs = self.run_updates(scored, pairs, args.num_ppo_epochs, args.critic_updates == "per_agent")
         out = {key: float(torch.tensor(vals).mean()) for key, vals in logs.items()}
         ratios = logs.get("val/ratio", [])
         out["val/ratio_var"] = float(torch.tensor(ratios).var()) if len(ratios) > 1 else 0.0
         return out
 
-    def _policy_loss(self, a: str, at: AgentTurn, rows: torch.Tensor, logs) -> torch.Tensor:
+    def step_losses(self, scored: ScoredRollout, mpairs: torch.Tensor, agents: list[str], logs):
+        """The agents' policy losses, then vf_coef x the critic losses on the same (episode, turn) pairs."""
+        for a, st, rows in self.agent_rows(scored.turns, mpairs, agents):
+            yield self._policy_loss(a, st, rows, logs), len(rows)
+        for cb, cols in self.critic.loss_columns(scored.critic_batches, agents):
+            rows = _rows_of(cb.episode_ids, mpairs[mpairs[:, 1] == cb.turn][:, 0])
+            if len(rows):
+                yield self.args.vf_coef * self._value_loss(cb, rows, cols, logs), len(rows)
+
+    def _policy_loss(self, a: str, st: PPOTurn, rows: torch.Tensor, logs) -> torch.Tensor:
         args = self.args
-        g = at.gen
+        g = st.gen
         temp = args.temperature if args.scale_logits_by_temperature else 1.0
         mask = g.response_mask[rows]
-        new, ent = self.team.logprobs(a, g.query_ids[rows], g.query_mask[rows], g.response_ids[rows], mask, temp, with_entropy=True)
-        if at.old_deferred:  # see _defer_old_logprobs: this forward is the first with these weights
-            at.old_logprobs[rows] = new.detach()
-        adv = at.advantages[rows].to(new.device)
+        new, ent = self.team.logprobs(a, g.query_ids[rows], g.query_mask[rows], g.response_ids[rows], mask, temp,
+                                      with_entropy=True)
+        if st.old_deferred:  # see _defer_old_logprobs: this forward is the first with these weights
+            st.old_logprobs[rows] = new.detach()
+        adv = st.advantages[rows].to(new.device)
         if args.policy_loss_type == "reinforce":
             loss = alg.policy_loss_reinforce(new, adv, mask)
-            ratio = torch.exp((new - at.old_logprobs[rows]).masked_fill(~mask, 0))
-            st = {"clipfrac": torch.tensor(0.0), "approxkl": 0.5 * alg.masked_mean((new - at.old_logprobs[rows]) ** 2, mask),
-                  "ratio_mean": alg.masked_mean(ratio, mask)}
+            ratio = torch.exp((new - st.old_logprobs[rows]).masked_fill(~mask, 0))
+            stats = {"clipfrac": torch.tensor(0.0),
+                     "approxkl": 0.5 * alg.masked_mean((new - st.old_logprobs[rows]) ** 2, mask),
+                     "ratio_mean": alg.masked_mean(ratio, mask)}
         else:
-            loss, st = alg.policy_loss_clipped(new, at.old_logprobs[rows], adv, mask, args.cliprange)
+            loss, stats = alg.policy_loss_clipped(new, st.old_logprobs[rows], adv, mask, args.cliprange)
         ent_mean = alg.masked_mean(ent, mask)
-        for key, val in (("policy/approxkl_avg", st["approxkl"]), ("policy/clipfrac_avg", st["clipfrac"]),
-                         ("loss/policy_avg", loss), ("policy/entropy_avg", ent_mean), ("val/ratio", st["ratio_mean"])):
+        logged = (("policy/approxkl_avg", stats["approxkl"]), ("policy/clipfrac_avg", stats["clipfrac"]),
+                  ("loss/policy_avg", loss), ("policy/entropy_avg", ent_mean), ("val/ratio", stats["ratio_mean"]))
+        for key, val in logged:
             logs[key].append(float(val.detach()))
             logs[f"{a}/{key}"].append(float(val.detach()))
         return loss
 
     def _value_loss(self, cb: CriticBatch, rows: torch.Tensor, cols: list[int], logs) -> torch.Tensor:
         args = self.args
-        values = self._critic_forward(cb, rows)
+        values = self.critic.values(cb, self.accelerator.device, rows)
         old = cb.old_values[rows].to(values.device)
         ret = cb.returns[rows].to(values.device)
         if self.value_rms is not None:
@@ -339,29 +340,25 @@ class MultiAgentPPOTrainer(TeamTrainerBase):
         else:
             mask = torch.zeros_like(values, dtype=torch.bool)
             mask[:, cols] = True
-        loss, st = alg.value_loss_clipped(values, old, ret, mask, args.cliprange_value)
+        loss, stats = alg.value_loss_clipped(values, old, ret, mask, args.cliprange_value)
         logs["loss/value_avg"].append(float(loss.detach()))
-        logs["val/clipfrac_avg"].append(float(st["clipfrac"]))
+        logs["val/clipfrac_avg"].append(float(stats["clipfrac"]))
         logs[f"critic/{cb.key}/loss"].append(float(loss.detach()))
         return loss
 
-    def _critic_diagnostics(self, roll: Rollout) -> dict:
+    def _critic_diagnostics(self, scored: ScoredRollout) -> dict:
         """Explained variance per agent, value mean, raw advantage mean/std."""
-        s = self._stats
+        s = scored.advantages
         out = {
-            "critic/value_mean": float(s["values"].mean()),
-            "critic/return_mean": float(s["returns"].mean()),
-            "critic/advantage_mean": float(s["raw_adv"].mean()),
-            "critic/advantage_std": float(s["raw_adv"].std()) if s["raw_adv"].numel() > 1 else 0.0,
+            "critic/value_mean": float(s.values.mean()),
+            "critic/return_mean": float(s.returns.mean()),
+            "critic/advantage_mean": float(s.raw_advantages.mean()),
+            "critic/advantage_std": float(s.raw_advantages.std()) if s.raw_advantages.numel() > 1 else 0.0,
         }
-        if self.args.advantage_level == "turn":
-            mask = roll.turn_mask
+        if s.value_table is not None:  # turn-level
+            mask = scored.rollout.turn_mask
             for i, a in enumerate(self.team.names):
-                out[f"{a}/critic/explained_variance"] = alg.explained_variance(self._value_table[:, :, i], self._return_table[:, :, i], mask)
-                out[f"{a}/critic/value_mean"] = float(self._value_table[:, :, i][mask].mean())
+                out[f"{a}/critic/explained_variance"] = alg.explained_variance(s.value_table[:, :, i],
+                                                                               s.return_table[:, :, i], mask)
+                out[f"{a}/critic/value_mean"] = float(s.value_table[:, :, i][mask].mean())
         return out
-
-
-def _suffix(at: AgentTurn) -> list[list[int]]:
-    # Whole padded rows: every suffix has the same length, so response token j sits at the same position in each row.
-    return [r.tolist() for r in at.gen.response_ids]

@@ -3,7 +3,7 @@
 Every text is assembled from sentence templates written for this package (no third-party text), so the files can
 ship with the code. The generator is seeded, so re-running it rewrites byte-identical files:
 
-    python trl_collm/tasks/data/make_writing_data.py
+    python tools/make_writing_data.py
 
 Posts read like forum posts asking for advice (the ``writing-summary`` task); abstracts read like research
 abstracts of made-up studies (the ``writing-intro`` task). Each row is ``{"id", "topic", "title", "document"}``.
@@ -16,7 +16,8 @@ import random
 import re
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+# The files ship with the package, next to the writing task.
+DATA_DIR = Path(__file__).resolve().parents[1] / "trl_collm" / "tasks" / "data"
 NUM_ROWS = 120  # per file; the task promises >= 100
 MIN_WORDS, MAX_WORDS = 80, 250
 
@@ -692,8 +693,8 @@ def write_jsonl(rows: list[dict], path: Path) -> None:
 
 
 def main() -> None:
-    write_jsonl(generate(_post, POST_TOPICS, "post", seed=1), HERE / "writing_posts.jsonl")
-    write_jsonl(generate(_abstract, FIELDS, "abstract", seed=2), HERE / "writing_abstracts.jsonl")
+    write_jsonl(generate(_post, POST_TOPICS, "post", seed=1), DATA_DIR / "writing_posts.jsonl")
+    write_jsonl(generate(_abstract, FIELDS, "abstract", seed=2), DATA_DIR / "writing_abstracts.jsonl")
 
 
 if __name__ == "__main__":

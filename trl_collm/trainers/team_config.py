@@ -1,0 +1,276 @@
+"""`TeamConfig`: the fields both team trainers share (the team, generation, rewards, episodes).
+
+It derives from TRL's `_BaseConfig` (itself a `transformers.TrainingArguments`), so every config is also a command line
+through `HfArgumentParser` / `TrlParser`. Each trainer's config sits beside it (`ppo_config.py`, `mc_config.py`).
+TRL's `world_size` field is deliberately *not* re-declared: it shadowed `TrainingArguments.world_size` and broke
+DeepSpeed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from dataclasses import dataclass, field, fields
+
+from trl.trainer.base_config import _BaseConfig
+
+# The choices of the shared fields (each trainer's config adds its own).
+TEAM_CHOICES = {
+    "reward_type": ("auto", "joint", "per_agent"),
+    "grad_clip_scope": ("global", "per_module"),
+    "agent_context": ("observation", "history"),
+}
+
+
+@dataclass
+class TeamConfig(_BaseConfig):
+    r"""Fields shared by the team trainers: the team, generation, rewards and episodes.
+
+    Every field is also a command-line flag (`TrlParser`); the `transformers.TrainingArguments` fields (output_dir,
+    seed, per_device_train_batch_size, bf16, report_to, ...) apply as documented there.
+
+    Parameters:
+        > Parameters that define the team
+
+        agent_names (`list[str]`, *optional*, defaults to `None`):
+            Names of the agents (used in logs, folders, cards). Defaults to agent_0..agent_{n-1}.
+        num_agents (`int`, *optional*, defaults to `None`):
+            Number of agents when `model` is one path or model to replicate.
+        num_turns (`int`, *optional*, defaults to `1`):
+            Maximum number of turns per episode.
+        agent_context (`str`, *optional*, defaults to `'observation'`):
+            What an agent is prompted with at turn t: 'observation' (the env's text, which may embed history) or
+            'history' (its own previous observations and completions followed by the new observation).
+        model_init_kwargs (`dict | str`, *optional*, defaults to `None`):
+            Keyword arguments for from_pretrained when models are given as paths (e.g. {"dtype": "bfloat16"}).
+
+        > Parameters that control generation
+
+        response_length (`int`, *optional*, defaults to `53`):
+            Length of the response (max new tokens).
+        temperature (`float`, *optional*, defaults to `0.7`):
+            Sampling temperature.
+        top_p (`float`, *optional*, defaults to `1.0`):
+            Nucleus sampling for generation.
+        top_k (`int`, *optional*, defaults to `None`):
+            Top-k sampling for generation (None: off).
+        stop_token (`str`, *optional*, defaults to `None`):
+            Specifies the stop token to use for text generation. Only 'eos' is supported.
+        stop_token_id (`int`, *optional*, defaults to `None`):
+            Specifies the ID of the stop token to use for text generation.
+        max_prompt_length (`int`, *optional*, defaults to `None`):
+            Longest agent prompt in tokens; longer prompts keep their last tokens (with a warning). Default: the model's
+            context length minus response_length. Critic views are cut to the critic's context.
+        scale_logits_by_temperature (`bool`, *optional*, defaults to `True`):
+            Compute log-probs from logits / temperature (TRL PPO) or from raw logits (reference code).
+        local_rollout_forward_batch_size (`int`, *optional*, defaults to `64`):
+            Per rank no grad forward pass in the rollout phase.
+        ds3_gather_for_generation (`bool`, *optional*, defaults to `True`):
+            Gather ZeRO-3 weights for generation (faster; set False for models that do not fit on one device).
+        share_prompt_prefix (`bool`, *optional*, defaults to `True`):
+            Compute the leading tokens that all rows of a training forward share (a task's instructions, the G samples
+            of one prompt) once instead of once per row. Same numbers up to float rounding; falls back to the plain
+            forward where it cannot apply (see trl_collm/prefix.py).
+
+        > Parameters that control rewards and episodes
+
+        reward_weights (`list[float]`, *optional*, defaults to `None`):
+            Weights of the reward functions (default 1.0 each).
+        reward_type (`str`, *optional*, defaults to `'auto'`):
+            'joint' (one reward per episode shared by all agents), 'per_agent' (a vector of n), or 'auto' (accept both).
+        missing_eos_penalty (`float`, *optional*, defaults to `None`):
+            Penalty subtracted from the score of responses that do not end with the stop/EOS token.
+        early_termination_threshold (`float`, *optional*, defaults to `None`):
+            End an episode early once the mean reward of a turn exceeds this value.
+        gamma (`float`, *optional*, defaults to `1.0`):
+            Discount factor.
+        total_episodes (`int`, *optional*, defaults to `None`):
+            Total number of episodes in the dataset. Defaults to num_train_epochs * len(train_dataset).
+
+        > Parameters that control the update
+
+        preset (`str`, *optional*, defaults to `None`):
+            One word that sets the update rule (see docs/algorithm.md).
+        learning_rate (`float`, *optional*, defaults to `3e-06`):
+            Learning rate (actors; critics too unless `critic_learning_rate`).
+        num_mini_batches (`int`, *optional*, defaults to `1`):
+            Number of minibatches to split a batch into.
+        grad_clip_scope (`str`, *optional*, defaults to `'global'`):
+            'global': one grad-norm clip over everything; 'per_module': each agent and critic clipped on its own.
+        gradient_checkpointing (`bool`, *optional*, defaults to `None`):
+            Deprecated alias of activation_checkpointing.
+
+        > Parameters that control logging
+
+        exp_name (`str`, *optional*, defaults to the script's name):
+            Name of this experiment.
+        run_name (`str`, *optional*, defaults to `None`):
+            Name of the run.
+        num_sample_generations (`int`, *optional*, defaults to `10`):
+            Number of debugging samples generations (i.e., `generate_completions` calls) throughout training.
+        dataset_num_proc (`int`, *optional*, defaults to `None`):
+            Number of processes to use for processing the dataset.
+        push_to_hub (`bool`, *optional*, defaults to `False`):
+            Whether to push the model to the Hub after training.
+
+        > Batch sizes computed by the trainer (TRL's PPO semantics; leave unset)
+
+        num_total_batches (`int`, *optional*, defaults to `None`):
+            Number of total PPO batches (computed at runtime).
+        micro_batch_size (`int`, *optional*, defaults to `None`):
+            Micro batch size across devices (computed at runtime).
+        local_batch_size (`int`, *optional*, defaults to `None`):
+            Batch size per GPU (computed at runtime).
+        batch_size (`int`, *optional*, defaults to `None`):
+            Batch size across devices (computed at runtime).
+        local_mini_batch_size (`int`, *optional*, defaults to `None`):
+            Mini batch size per GPU (computed at runtime).
+        mini_batch_size (`int`, *optional*, defaults to `None`):
+            Mini batch size across GPUs (computed at runtime).
+    """
+
+    presets = {}  # class attribute (not a field): name -> {field: value}
+
+    exp_name: str = field(
+        default=os.path.basename(sys.argv[0])[: -len(".py")] if sys.argv and sys.argv[0].endswith(".py") else "trl_collm",
+        metadata={"help": "Name of this experiment."},
+    )
+    learning_rate: float = field(default=3e-6, metadata={"help": "Learning rate (actors; critics too unless `critic_learning_rate`)."})
+    run_name: str | None = field(default=None, metadata={"help": "Name of the run."})
+    dataset_num_proc: int | None = field(default=None, metadata={"help": "Number of processes to use for processing the dataset."})
+    num_mini_batches: int = field(default=1, metadata={"help": "Number of minibatches to split a batch into."})
+    total_episodes: int | None = field(
+        default=None, metadata={"help": "Total number of episodes in the dataset. Defaults to num_train_epochs * len(train_dataset)."}
+    )
+    local_rollout_forward_batch_size: int = field(
+        default=64, metadata={"help": "Per rank no grad forward pass in the rollout phase."}
+    )
+    num_sample_generations: int = field(
+        default=10, metadata={"help": "Number of debugging samples generations (i.e., `generate_completions` calls) throughout training."}
+    )
+    response_length: int = field(default=53, metadata={"help": "Length of the response (max new tokens)."})
+    stop_token: str | None = field(default=None, metadata={"help": "Specifies the stop token to use for text generation. Only 'eos' is supported."})
+    stop_token_id: int | None = field(default=None, metadata={"help": "Specifies the ID of the stop token to use for text generation."})
+    temperature: float = field(default=0.7, metadata={"help": "Sampling temperature."})
+    missing_eos_penalty: float | None = field(
+        default=None, metadata={"help": "Penalty subtracted from the score of responses that do not end with the stop/EOS token."}
+    )
+    num_total_batches: int | None = field(default=None, metadata={"help": "Number of total PPO batches (computed at runtime)."})
+    micro_batch_size: int | None = field(default=None, metadata={"help": "Micro batch size across devices (computed at runtime)."})
+    local_batch_size: int | None = field(default=None, metadata={"help": "Batch size per GPU (computed at runtime)."})
+    batch_size: int | None = field(default=None, metadata={"help": "Batch size across devices (computed at runtime)."})
+    local_mini_batch_size: int | None = field(default=None, metadata={"help": "Mini batch size per GPU (computed at runtime)."})
+    mini_batch_size: int | None = field(default=None, metadata={"help": "Mini batch size across GPUs (computed at runtime)."})
+    push_to_hub: bool = field(default=False, metadata={"help": "Whether to push the model to the Hub after training."})
+    gamma: float = field(default=1.0, metadata={"help": "Discount factor."})
+    ds3_gather_for_generation: bool = field(
+        default=True, metadata={"help": "Gather ZeRO-3 weights for generation (faster; set False for models that do not fit on one device)."}
+    )
+    share_prompt_prefix: bool = field(
+        default=True,
+        metadata={"help": "Compute the leading tokens that all rows of a training forward share (a task's instructions, the G "
+                  "samples of one prompt) once instead of once per row. Same numbers up to float rounding; falls back to "
+                  "the plain forward where it cannot apply (see trl_collm/prefix.py)."},
+    )
+
+
+    max_prompt_length: int | None = field(
+        default=None,
+        metadata={"help": "Longest agent prompt in tokens; longer prompts keep their last tokens (with a warning). "
+                  "Default: the model's context length minus response_length. Critic views are cut to the critic's context."},
+    )
+    model_init_kwargs: dict | str | None = field(
+        default=None,
+        metadata={"help": "Keyword arguments for from_pretrained when models are given as paths (e.g. {\"dtype\": \"bfloat16\"})."},
+    )
+    # TRL's base turns activation checkpointing on; RL alternates generation and training forwards, so we leave it
+    # off unless asked (`--activation_checkpointing`). None keeps transformers from warning about the old name.
+    gradient_checkpointing: bool | None = field(default=None, metadata={"help": "Deprecated alias of activation_checkpointing."})
+
+    # ------------------------------------------------------------------ the team
+    agent_names: list[str] | None = field(
+        default=None, metadata={"help": "Names of the agents (used in logs, folders, cards). Defaults to agent_0..agent_{n-1}."}
+    )
+    num_agents: int | None = field(default=None, metadata={"help": "Number of agents when `model` is one path or model to replicate."})
+    num_turns: int = field(default=1, metadata={"help": "Maximum number of turns per episode."})
+    agent_context: str = field(
+        default="observation",
+        metadata={"help": "What an agent is prompted with at turn t: 'observation' (the env's text, which may embed history) "
+                  "or 'history' (its own previous observations and completions followed by the new observation)."},
+    )
+    top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling for generation."})
+    top_k: int | None = field(default=None, metadata={"help": "Top-k sampling for generation (None: off)."})
+    scale_logits_by_temperature: bool = field(
+        default=True, metadata={"help": "Compute log-probs from logits / temperature (TRL PPO) or from raw logits (reference code)."}
+    )
+    reward_weights: list[float] | None = field(default=None, metadata={"help": "Weights of the reward functions (default 1.0 each)."})
+    reward_type: str = field(
+        default="auto",
+        metadata={"help": "'joint' (one reward per episode shared by all agents), 'per_agent' (a vector of n), or 'auto' (accept both)."},
+    )
+    early_termination_threshold: float | None = field(
+        default=None, metadata={"help": "End an episode early once the mean reward of a turn exceeds this value."}
+    )
+
+    grad_clip_scope: str = field(
+        default="global", metadata={"help": "'global': one grad-norm clip over everything; 'per_module': each agent and critic clipped on its own."}
+    )
+    preset: str | None = field(default=None, metadata={"help": "One word that sets the update rule (see docs/algorithm.md)."})
+
+    def __post_init__(self):
+        if isinstance(self.model_init_kwargs, str):
+            self.model_init_kwargs = json.loads(self.model_init_kwargs)
+        if self.preset is not None:
+            if self.preset not in self.presets:
+                raise ValueError(f"`preset`={self.preset!r} is unknown; choose one of {sorted(self.presets)} or leave it unset.")
+            # A preset fills the fields the user left at their defaults; anything set explicitly wins.
+            defaults = {f.name: f.default for f in fields(self)}
+            for key, value in self.presets[self.preset].items():
+                if getattr(self, key) == defaults[key]:
+                    setattr(self, key, value)
+        super().__post_init__()
+        self._validate()
+
+    def resolve_for_team(self, num_agents: int) -> None:
+        """Fill the team-dependent defaults (called by the trainer once it knows the team)."""
+
+    def uses_reference(self) -> bool:
+        """Whether a reference policy is needed (a KL term)."""
+        return False
+
+    def _check_choices(self, choices: dict, optional: tuple = ()) -> None:
+        for name, allowed in choices.items():
+            value = getattr(self, name)
+            if value is None and name in optional:
+                continue  # None: decided by the trainer from the team
+            if value not in allowed:
+                raise ValueError(f"`{name}`={value!r} is not valid; choose one of {list(allowed)}.")
+
+    def _validate(self):
+        self._check_choices(TEAM_CHOICES)
+        for name in ("num_turns", "num_mini_batches", "response_length", "local_rollout_forward_batch_size"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"`{name}` must be >= 1, got {getattr(self, name)}.")
+        if self.num_agents is not None and self.num_agents < 1:
+            raise ValueError(f"`num_agents` must be >= 1, got {self.num_agents}.")
+        if self.agent_names is not None:
+            if len(set(self.agent_names)) != len(self.agent_names):
+                raise ValueError(f"`agent_names` must be unique, got {self.agent_names}.")
+            bad = [n for n in self.agent_names if not n or "/" in n or n.startswith(".") or n in ("critic", "critics")]
+            if bad:
+                raise ValueError(f"`agent_names` {bad} cannot be used as folder names; use names without '/' that are not 'critic'.")
+            if self.num_agents is not None and self.num_agents != len(self.agent_names):
+                raise ValueError(
+                    f"`num_agents`={self.num_agents} but `agent_names` has {len(self.agent_names)} names; drop one of them or make them agree."
+                )
+        if not 0.0 <= self.gamma <= 1.0:
+            raise ValueError(f"`gamma` must be in [0, 1], got {self.gamma}.")
+        if self.temperature <= 0:
+            raise ValueError(f"`temperature` must be > 0, got {self.temperature}.")
+        if self.stop_token is not None and self.stop_token != "eos":
+            raise ValueError(f"`stop_token`={self.stop_token!r}: only 'eos' is supported (or set `stop_token_id`).")
+        if self.reward_weights is not None and any(not math.isfinite(w) for w in self.reward_weights):
+            raise ValueError(f"`reward_weights` must be finite numbers, got {self.reward_weights}.")
+
