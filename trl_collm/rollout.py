@@ -81,6 +81,14 @@ def _play_turn(team, env, observations, episodes, histories, agent_context, t, t
         for i in range(len(names)):
             histories[e][1][i].append(completions[k][i])
     step = env.step_batch(completions, episodes, len(names), names)
+    # The one place every environment's rewards pass (batch envs may build their tensor themselves).
+    rewards = torch.as_tensor(step.rewards).float()
+    if not bool(torch.isfinite(rewards).all()):
+        k = int((~torch.isfinite(rewards)).any(-1).nonzero()[0])
+        raise ValueError(
+            f"{type(env).__name__}.step_batch returned a reward that is non-finite in float32 for episode "
+            f"{episodes[k]} (turn {t}): {rewards[k].tolist()}; rewards must be finite floats that fit float32."
+        )
     return turn, step
 
 

@@ -72,8 +72,32 @@ def read_team_file(folder: str) -> dict:
         raise FileNotFoundError(
             f"{folder!r} has no {TEAM_FILE}; pass the output_dir of a trl-collm save_model() / train run."
         )
-    with open(path) as f:
-        return json.load(f)
+    try:
+        with open(path) as f:
+            desc = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path!r} is not valid JSON ({e}); re-save the team with save_model() or restore the file.") from None
+    _check_description(desc, path)
+    return desc
+
+
+def _check_description(desc, path: str) -> None:
+    """The keys every reader relies on, each with a message naming the file and the key."""
+    fix = "re-save the team with save_model() or restore the file"
+    if not isinstance(desc, dict):
+        raise ValueError(f"{path!r} holds {type(desc).__name__}, not a team description (a JSON object); {fix}.")
+    for key in ("agents", "layout", "agent_folders"):
+        if key not in desc:
+            raise ValueError(f"{path!r} lacks the key {key!r}; {fix}.")
+    names = desc["agents"]
+    if not isinstance(names, list) or not names or not all(isinstance(a, str) and a for a in names):
+        raise ValueError(f"{path!r}: 'agents' must be a non-empty list of agent names, got {names!r}; {fix}.")
+    if desc["layout"] not in ("separate", "shared_base"):
+        raise ValueError(f"{path!r}: 'layout' must be 'separate' or 'shared_base', got {desc['layout']!r}; {fix}.")
+    folders = desc["agent_folders"]
+    missing = [a for a in names if not isinstance(folders, dict) or not isinstance(folders.get(a), str)]
+    if missing:
+        raise ValueError(f"{path!r}: 'agent_folders' has no folder for agents {missing}; {fix}.")
 
 
 def load_team(folder: str, base_model: str | None = None, device: str | torch.device | None = None,
@@ -93,6 +117,12 @@ def load_team(folder: str, base_model: str | None = None, device: str | torch.de
     desc = read_team_file(folder)
     names = desc["agents"]
     folders = {a: os.path.normpath(os.path.join(folder, desc["agent_folders"][a])) for a in names}
+    for a, path in folders.items():
+        if not os.path.isdir(path) or not os.listdir(path):
+            raise ValueError(
+                f"agent {a!r}'s folder {path!r} (listed in {os.path.join(folder, TEAM_FILE)!r}) is missing or empty; "
+                "copy the whole team folder written by save_model()."
+            )
     tokenizers = {a: AutoTokenizer.from_pretrained(folders[a]) for a in names}
     if desc["layout"] == "shared_base":
         base_path = base_model or desc.get("base_model")

@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from ..numerics import FLOAT32_MAX, fits_float32
+
 Observation = str | list[int]
 
 _REWARD_TYPES = ("joint", "per_agent", "auto")
@@ -188,6 +190,11 @@ def _reward_row(
             raise ValueError(
                 f"{source} returned a non-finite reward {r} for episode {episode}, {_agent_label(i, agent_names)}; "
                 f"rewards must be finite floats (check for division by zero or log(0))."
+            )
+        if not fits_float32(r):  # finite as a Python float, but rewards are used as float32
+            raise ValueError(
+                f"{source} returned a reward {r:g} for episode {episode}, {_agent_label(i, agent_names)}, that "
+                f"overflows float32 (|r| > {FLOAT32_MAX:.3g}, the dtype rewards are used in); scale the reward down."
             )
     return row
 

@@ -207,6 +207,12 @@ class RewardFunctionEnv(MultiAgentEnv):
             )
             components[name] = values
             total += w * values
+            if not bool(torch.isfinite(total).all()):
+                e = int((~torch.isfinite(total)).any(-1).nonzero()[0])
+                raise ValueError(
+                    f"reward_weights: weight {w:g} times reward function '{name}' overflows float32 for episode {e} "
+                    f"(reward {float(values[e].abs().max()):g}); use smaller reward_weights or rewards."
+                )
         self.last_reward_components = components
         return total
 

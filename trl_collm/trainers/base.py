@@ -20,6 +20,7 @@ from trl.trainer.utils import disable_dropout_in_model
 from .. import saved_team
 from ..assembly import TeamModel, build_team, resolve_agent_names
 from ..envs import MultiAgentEnv, RewardFunctionEnv, RewardModelFunction, check_agent_names
+from ..numerics import NonFiniteSteps, gradients_finite
 from ..rollout import Rollout, run_episodes
 from . import checkpoints, distributed
 
@@ -113,6 +114,7 @@ class TeamTrainerBase(_BaseTrainer):
         if reward_model is not None:
             reward_model.to(self.accelerator.device).eval()
         self._metrics_history: list[dict] = []
+        self.nonfinite_steps = NonFiniteSteps(args.max_nonfinite_steps)
 
     def build_critic(self, team, value_model, args, peft_config, critic_processing_class):
         """The run's critic (`trl_collm.critics.TeamCritic`), or None for a critic-free trainer."""
@@ -222,15 +224,29 @@ class TeamTrainerBase(_BaseTrainer):
         if self.is_deepspeed_enabled:
             # One engine.step() per minibatch: every backward below only accumulates (distributed.engine_backward);
             # DeepSpeed reduces the gradients across ranks and clips the global norm (max_grad_norm) in step().
+            # ZeRO checks the reduced gradients for NaN/inf itself and skips such a step (engine.skipped_steps).
             with distributed.engine_backward(self) as engine:
                 self._accumulate(scored, pairs, agents, logs, micro)
+                skipped_before = engine.skipped_steps
                 engine.step()
+            if engine.skipped_steps > skipped_before:
+                self.nonfinite_steps.skipped("gradients")
+                return
+            self.nonfinite_steps.stepped()
             if self.lr_scheduler is not None:
                 self.lr_scheduler.step()
             return
         self.optimizer.zero_grad(set_to_none=True)
-        self._accumulate(scored, pairs, agents, logs, micro)
+        losses_finite = self._accumulate(scored, pairs, agents, logs, micro)
         distributed.average_gradients(self)  # several processes without DeepSpeed; no-op in one process
+        params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        # After averaging every rank holds the same gradients; only the loss flag is local, so ranks agree on it.
+        if distributed.on_any_rank(self, not losses_finite) or not gradients_finite(params):
+            # A non-finite number never reaches the weights: drop this step's gradients, keep the optimizer state.
+            self.optimizer.zero_grad(set_to_none=True)
+            self.nonfinite_steps.skipped("loss" if not losses_finite else "gradients")
+            return
+        self.nonfinite_steps.stepped()
         self._clip_gradients(agents)
         self.optimizer.step()
         if self.lr_scheduler is not None:
@@ -242,15 +258,21 @@ class TeamTrainerBase(_BaseTrainer):
         return max(1, self.args.per_device_train_batch_size)
 
     def _accumulate(self, scored, pairs: torch.Tensor, agents: list[str], logs, micro: int):
-        """The backward passes of one `_step` (gradients accumulate; no optimizer step here).
+        """The backward passes of one `_step` (gradients accumulate; no optimizer step here); returns whether every
+        loss was finite.
 
         Each loss `step_losses` yields is backpropagated before the next is computed: with LoRA agents on one base
         the active adapter changes between losses, and activation checkpointing must recompute with the adapter that
         was active."""
+        finite = True
         for mpairs in pairs.split(micro):
             weight = len(mpairs) / len(pairs)  # micro losses are means; weight them to the minibatch mean
             for loss, rows in self.step_losses(scored, mpairs, agents, logs):
+                # Backpropagated even when non-finite, so that every rank runs the same collectives; the step is
+                # then dropped by `_step`.
+                finite = finite and bool(torch.isfinite(loss.detach()).all())
                 self.accelerator.backward(loss * weight * rows / len(mpairs))
+        return finite
 
     def step_losses(self, scored, mpairs: torch.Tensor, agents: list[str], logs):
         """The losses of one micro-batch of (episode, turn) pairs for the `agents` being updated: yields
@@ -302,17 +324,30 @@ class TeamTrainerBase(_BaseTrainer):
     def rollout(self, rows: list[dict], greedy: bool = False) -> Rollout:
         args = self.args
         self.model.eval()
-        return run_episodes(
-            self.team, self.env, rows, args.num_turns, self.accelerator.device, self.generation_kwargs(greedy),
-            agent_context=args.agent_context, early_termination_threshold=args.early_termination_threshold,
-            stop_token_id=args.stop_token_id, generation_batch_size=args.local_rollout_forward_batch_size,
-            unwrap=self._unwrap_for_generation(),
-        )
+        try:
+            return run_episodes(
+                self.team, self.env, rows, args.num_turns, self.accelerator.device, self.generation_kwargs(greedy),
+                agent_context=args.agent_context, early_termination_threshold=args.early_termination_threshold,
+                stop_token_id=args.stop_token_id, generation_batch_size=args.local_rollout_forward_batch_size,
+                unwrap=self._unwrap_for_generation(),
+            )
+        except RuntimeError as e:
+            if "probability tensor contains" not in str(e):
+                raise
+            # torch.multinomial's words for NaN/inf logits: the weights are finite (the step guard saw to that)
+            # but so large that a forward overflows.
+            raise FloatingPointError(
+                "an agent's next-token probabilities are NaN/inf while sampling: its weights have diverged "
+                f"({self.nonfinite_steps.in_a_row} update(s) in a row were already skipped as non-finite). Lower the "
+                "learning rate (or raise max_grad_norm clipping) and resume from the last checkpoint."
+            ) from e
 
     # ------------------------------------------------------------------ the loop
     def train(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None, **kwargs):
         args = self.args
         checkpoint = checkpoints.resolve(resume_from_checkpoint, args.output_dir)
+        if checkpoint is None and self.is_world_process_zero():
+            checkpoints.refuse_to_clobber(args.output_dir, args.overwrite_output_dir)
         self._batch_sizes()
         loader = self._rollout_loader()
         steps_per_iteration = self.optimizer_steps_per_iteration()
@@ -353,6 +388,7 @@ class TeamTrainerBase(_BaseTrainer):
             with self.accelerator.autocast():  # bf16 / fp16 mixed precision, as transformers.Trainer does
                 metrics = self.training_iteration(rows)
             metrics["time/iteration_s"] = time.time() - t0
+            metrics["train/nonfinite_steps_skipped"] = self.nonfinite_steps.take_iteration_count()
             self.state.episode += args.batch_size
             self.state.global_step += 1
             self.state.epoch = self.state.episode / max(1, len(self.train_dataset))

@@ -16,9 +16,13 @@ import shutil
 import numpy as np
 import torch
 
+from ..numerics import first_nonfinite, optimizer_state_nonfinite
+
 MARKER = "CHECKPOINT_COMPLETE"
 STATE_FILE = "resume_state.pt"
 _NAME = re.compile(r"^checkpoint-(\d+)$")
+_ANY_CHECKPOINT = re.compile(r"^checkpoint-\d+(\.tmp|\.old)?$")
+_STATE_KEYS = ("params", "optimizer", "scheduler", "rng", "global_step", "episode", "metrics_history", "log_history")
 
 
 def _rng_state() -> dict:
@@ -41,8 +45,17 @@ def trainable_state(model: torch.nn.Module) -> dict:
 
 
 def save_checkpoint(trainer, output_dir: str) -> str:
-    """Write checkpoint-<global_step> atomically; returns its path."""
+    """Write checkpoint-<global_step> atomically; returns its path. Refuses (FloatingPointError, nothing written)
+    when a trainable parameter or the optimizer state holds NaN/inf: a poisoned checkpoint would be resumed."""
     step = trainer.state.global_step
+    bad = first_nonfinite((n, p.detach()) for n, p in trainer.model.named_parameters() if p.requires_grad)
+    if bad is None and not trainer.is_deepspeed_enabled:
+        bad = optimizer_state_nonfinite(trainer.optimizer.state_dict())
+    if bad is not None:
+        raise FloatingPointError(
+            f"not writing checkpoint-{step}: {bad} holds NaN/inf. The last complete checkpoint in {output_dir!r} "
+            "is still good to resume from; lower the learning rate or check the rewards."
+        )
     final = os.path.join(output_dir, f"checkpoint-{step}")
     tmp = f"{final}.tmp"
     if trainer.is_world_process_zero():
@@ -102,6 +115,25 @@ def _rotate(output_dir: str, limit: int | None) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
+def refuse_to_clobber(output_dir: str, overwrite: bool) -> None:
+    """A run that does not resume must not mix its checkpoints with an older run's (the transformers convention):
+    refuse, or with `overwrite` delete the old checkpoint-* folders (nothing else in output_dir is touched)."""
+    if not os.path.isdir(output_dir):
+        return
+    old = sorted(n for n in os.listdir(output_dir) if _ANY_CHECKPOINT.match(n))
+    if not old:
+        return
+    if not overwrite:
+        raise ValueError(
+            f"output_dir {output_dir!r} already holds checkpoints ({', '.join(old[:3])}{', ...' if len(old) > 3 else ''}) "
+            "from an earlier run. Pass `resume_from_checkpoint=True` (CLI: --resume_from_checkpoint true) to continue it, "
+            "or `overwrite_output_dir=True` (--overwrite_output_dir) to delete them and start over, or choose another "
+            "output_dir."
+        )
+    for name in old:
+        shutil.rmtree(os.path.join(output_dir, name), ignore_errors=True)
+
+
 def resolve(resume_from_checkpoint, output_dir: str) -> str | None:
     if not resume_from_checkpoint:
         return None
@@ -119,16 +151,24 @@ def resolve(resume_from_checkpoint, output_dir: str) -> str | None:
 
 def load_checkpoint(trainer, path: str) -> dict:
     """Restore parameters, optimizer, scheduler, RNG and counters; returns the saved state."""
-    state = torch.load(os.path.join(path, STATE_FILE), map_location="cpu", weights_only=False)
+    state = read_state(path)
     if trainer.is_deepspeed_enabled or state["optimizer"] is None:
         raise ValueError(
             "`resume_from_checkpoint` is not supported under DeepSpeed yet (ZeRO shards the optimizer state); the "
             f"checkpoint's team in {path!r} loads as a model folder, or resume without DeepSpeed from a non-DeepSpeed run."
         )
     params = dict(trainer.model.named_parameters())
-    missing = [n for n in state["params"] if n not in params]
-    if missing:
-        raise ValueError(f"checkpoint {path!r} does not match this team: unknown parameters {missing[:3]}...")
+    unknown = [n for n in state["params"] if n not in params]
+    untouched = [n for n, p in params.items() if p.requires_grad and n not in state["params"]]
+    reshaped = [n for n, v in state["params"].items() if n in params and tuple(v.shape) != tuple(params[n].shape)]
+    if unknown or untouched or reshaped:
+        what = (f"parameters this team lacks {unknown[:3]}" if unknown else
+                f"no value for this team's parameters {untouched[:3]}" if untouched else
+                f"other shapes for {reshaped[:3]}")
+        raise ValueError(
+            f"checkpoint {path!r} does not match this team ({what}); it was written by a run with other agents, models "
+            "or critic settings. Resume with the same configuration, or start over in another output_dir."
+        )
     with torch.no_grad():
         for name, value in state["params"].items():
             params[name].copy_(value.to(params[name].device, params[name].dtype))
@@ -137,4 +177,28 @@ def load_checkpoint(trainer, path: str) -> dict:
         trainer.lr_scheduler.load_state_dict(state["scheduler"])
     trainer.load_checkpoint_state(state.get("extra", {}))
     set_rng_state(state["rng"])
+    return state
+
+
+def read_state(path: str) -> dict:
+    """Load and check a checkpoint's resume_state.pt: readable, complete, and free of NaN/inf."""
+    file = os.path.join(path, STATE_FILE)
+    try:
+        state = torch.load(file, map_location="cpu", weights_only=False)
+    except Exception as e:  # truncated, overwritten, not a torch file: all mean the same to the user
+        raise ValueError(
+            f"{file!r} cannot be read: the checkpoint is damaged ({type(e).__name__}: {str(e)[:120]}). Delete "
+            f"{path!r} and resume from an earlier checkpoint-* folder, or start over."
+        ) from None
+    missing = [k for k in _STATE_KEYS if not isinstance(state, dict) or k not in state]
+    if missing:
+        raise ValueError(f"{file!r} is damaged: it lacks {missing}. Delete {path!r} and resume from another checkpoint.")
+    bad = first_nonfinite(state["params"].items())
+    if bad is None and state["optimizer"] is not None:
+        bad = optimizer_state_nonfinite(state["optimizer"])
+    if bad is not None:
+        raise ValueError(
+            f"checkpoint {path!r} holds non-finite numbers ({bad}); it cannot be resumed. Delete it and resume from an "
+            "earlier checkpoint-* folder."
+        )
     return state

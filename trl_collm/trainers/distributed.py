@@ -207,3 +207,12 @@ def average_gradients(trainer) -> None:
         n = g.numel()
         g.copy_(flat[offset:offset + n].view_as(g))
         offset += n
+
+
+def on_any_rank(trainer, flag: bool) -> bool:
+    """Whether `flag` holds on any process (one all-reduce when several processes train without DeepSpeed)."""
+    if trainer.accelerator.num_processes <= 1 or not torch.distributed.is_initialized():
+        return flag
+    t = torch.tensor([1.0 if flag else 0.0], device=trainer.accelerator.device)
+    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+    return bool(t.item() > 0)

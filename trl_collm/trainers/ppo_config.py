@@ -15,6 +15,7 @@ from .team_config import TeamConfig
 # values are applied in __post_init__ and documented in docs/presets.md.
 PRESETS: dict[str, dict] = {
     "collm": dict(
+        centralized_value="team",  # the reference's centralized critic values the team, not each agent
         advantage_level="turn",
         gamma=0.9,
         lam=0.0,  # TD(0): the advantage is the TD error delta_t

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field, fields
 
 from trl.trainer.base_config import _BaseConfig
 
+from ..ranges import check_numeric_fields
+
 # The choices of the shared fields (each trainer's config adds its own).
 TEAM_CHOICES = {
     "reward_type": ("auto", "joint", "per_agent"),
@@ -101,6 +103,15 @@ class TeamConfig(_BaseConfig):
             'global': one grad-norm clip over everything; 'per_module': each agent and critic clipped on its own.
         gradient_checkpointing (`bool`, *optional*, defaults to `None`):
             Deprecated alias of activation_checkpointing.
+
+        > Parameters that keep a run safe
+
+        max_nonfinite_steps (`int`, *optional*, defaults to `3`):
+            An optimizer step whose loss or gradients are NaN/inf is skipped and counted in
+            `train/nonfinite_steps_skipped`; this many in a row stop the run with an error.
+        overwrite_output_dir (`bool`, *optional*, defaults to `False`):
+            Train into an output_dir holding checkpoint-* folders without resuming (the old checkpoints are deleted
+            first). Without it, and without `resume_from_checkpoint`, such a run is refused.
 
         > Parameters that control logging
 
@@ -219,6 +230,18 @@ class TeamConfig(_BaseConfig):
     )
     preset: str | None = field(default=None, metadata={"help": "One word that sets the update rule (see docs/algorithm.md)."})
 
+    # ------------------------------------------------------------------ safety
+    max_nonfinite_steps: int = field(
+        default=3,
+        metadata={"help": "An optimizer step whose loss or gradients are NaN/inf is skipped (and counted in "
+                  "`train/nonfinite_steps_skipped`); this many skipped steps in a row stop the run with an error."},
+    )
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={"help": "Train into an output_dir that already holds checkpoint-* folders without resuming: their old "
+                  "checkpoints are deleted first. Without it (and without resume_from_checkpoint) such a run is refused."},
+    )
+
     def __post_init__(self):
         if isinstance(self.model_init_kwargs, str):
             self.model_init_kwargs = json.loads(self.model_init_kwargs)
@@ -230,6 +253,8 @@ class TeamConfig(_BaseConfig):
             for key, value in self.presets[self.preset].items():
                 if getattr(self, key) == defaults[key]:
                     setattr(self, key, value)
+        # Before TrainingArguments' own checks, so every bad number gets a message naming its field.
+        check_numeric_fields(self)
         super().__post_init__()
         self._validate()
 
