@@ -55,10 +55,9 @@ def main():
     tokenizer = AutoTokenizer.from_pretrained(
         model_args.model_name_or_path, padding_side="left", trust_remote_code=load_kwargs["trust_remote_code"]
     )
-    added_pad = False
-    if tokenizer.pad_token is None:
-        tokenizer.add_special_tokens({"pad_token": "[PAD]"})
-        added_pad = True
+    # As TRL's script did: always a new "[PAD]" token, and no resize of the models' embeddings. The trainer reads every
+    # model through this tokenizer and never feeds a pad id to a model, so a pad without an embedding row is fine.
+    tokenizer.add_special_tokens({"pad_token": "[PAD]"})
 
     # The value model (critic) starts from the reward model, as in TRL's example.
     value_model = AutoModelForSequenceClassification.from_pretrained(
@@ -73,12 +72,6 @@ def main():
     ref_policy = None if peft_config is not None else AutoModelForCausalLM.from_pretrained(
         training_args.sft_model_path, **load_kwargs
     )
-    if added_pad:
-        for m in (policy, ref_policy, value_model, reward_model):
-            if m is not None:
-                m.resize_token_embeddings(len(tokenizer))
-                m.config.pad_token_id = tokenizer.pad_token_id
-
     # ---------------------------------------------------------------- data: only `input_ids`, like TRL's PPO
     dataset = load_dataset(script_args.dataset_name, name=script_args.dataset_config)
     train_dataset = dataset[script_args.dataset_train_split]

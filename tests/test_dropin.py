@@ -58,14 +58,11 @@ TRL_PPO_METRICS = [
 LORA_FLAGS = ["--use_peft", "--lora_r", "4", "--lora_target_modules", "q_proj", "v_proj"]
 
 
-@pytest.fixture(scope="module")
-def assets(tmp_path_factory):
-    """An SFT policy folder, a reward/value model folder and a local dataset folder (train.jsonl / test.jsonl)."""
+def _make_assets(root, family=None):
     from trl_collm.testing import save_tiny_model
 
-    root = tmp_path_factory.mktemp("dropin")
-    sft = save_tiny_model(root, "sft", kind="causal_lm", seed=0)
-    rm = save_tiny_model(root, "reward", kind="value", seed=1)
+    sft = save_tiny_model(root, "sft", kind="causal_lm", seed=0, family=family)
+    rm = save_tiny_model(root, "reward", kind="value", seed=1, family=family)
     data = root / "data"
     data.mkdir()
     for split, prompts in (("train", TRAIN_PROMPTS), ("test", TEST_PROMPTS)):
@@ -73,6 +70,12 @@ def assets(tmp_path_factory):
             for p in prompts:
                 f.write(json.dumps({"prompt": p}) + "\n")
     return {"root": root, "sft": sft, "reward": rm, "data": str(data)}
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory):
+    """An SFT policy folder, a reward/value model folder and a local dataset folder (train.jsonl / test.jsonl)."""
+    return _make_assets(tmp_path_factory.mktemp("dropin"))
 
 
 def _run_script(assets, output_dir: Path, extra: list[str]) -> subprocess.CompletedProcess:
@@ -178,3 +181,25 @@ def test_trl_ppo_script_lora(assets, tmp_path):
     initial = AutoModelForCausalLM.from_pretrained(assets["sft"]).state_dict()
     changed = [k for k in initial if not torch.equal(merged[k], initial[k])]
     assert changed and all(("q_proj" in k or "v_proj" in k) for k in changed), changed
+
+
+@pytest.mark.parametrize("family,flags", [("qwen", []), ("neox", []), ("llama", []), ("llama", LORA_FLAGS)],
+                         ids=["qwen-pad-is-eos", "neox-no-pad", "llama-no-pad-no-spare-row", "llama-lora"])
+def test_trl_ppo_script_with_real_tokenizer_shapes(tmp_path, family, flags):
+    """TRL's script always adds a "[PAD]" token and passes that tokenizer as processing_class, without resizing any
+    model: the policy, value and reward models must all be read through it. With the Llama shape the new pad id has
+    no embedding row in any of the three models."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    assets = _make_assets(tmp_path / "assets", family)
+    base = AutoTokenizer.from_pretrained(assets["sft"])
+    assert (base.pad_token_id == base.eos_token_id) if family == "qwen" else base.pad_token is None
+    rows = AutoModelForCausalLM.from_pretrained(assets["sft"]).get_input_embeddings().num_embeddings
+    assert (rows == len(base)) if family == "llama" else rows > len(base)  # where the script's [PAD] lands
+
+    out = tmp_path / "out"
+    proc = _run_script(assets, out, flags)
+    assert proc.returncode == 0, proc.stdout[-6000:]
+    _check_log(proc.stdout)
+    saved = AutoTokenizer.from_pretrained(out)
+    assert saved.pad_token == "[PAD]" and saved.pad_token_id == len(base)  # the script's tokenizer is what was saved

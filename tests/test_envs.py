@@ -550,15 +550,36 @@ def test_reward_model_function_restores_train_mode_and_works_in_env(tiny_rm):
     assert torch.allclose(env.last_reward_components["reward_model"] * 3.0, out.rewards)
 
 
-def test_reward_model_function_requires_pad_id(tiny_rm):
-    class NoPad:
-        pad_token_id = None
-
+def test_reward_model_function_needs_no_pad_id(tiny_rm):
+    """The wrapper finds each row's last real token itself (left padding, last column), so a reward model without
+    config.pad_token_id, and a tokenizer whose pad id has no embedding row, still score a padded batch exactly."""
     import copy
+
+    class OutOfRangePad(CharTokenizer):
+        pad_token_id = 10_000  # a token a script added without resizing the model
+        eos_token_id = None
 
     model = copy.deepcopy(tiny_rm)
     model.config.pad_token_id = None
+    for tok in (CharTokenizer(), OutOfRangePad()):
+        rm = RewardModelFunction(model, tok, batch_size=4)
+        texts = ["1", "2345", "abcdefg", "zz"]
+        out = rm([[t] for t in texts], [[""] for _ in texts])
+        for got, text in zip(out, texts):
+            assert got == pytest.approx(_direct_score(model, tok.encode_one(text)), abs=1e-5)
+
+
+def test_reward_model_function_without_a_score_layer_still_requires_pad_id():
+    class Scorer(torch.nn.Module):  # a callable reward model with no body/score layer to pool on
+        config = type("C", (), {"pad_token_id": None})()
+
+        def forward(self, input_ids, attention_mask=None):
+            return type("O", (), {"logits": input_ids.float().sum(-1, keepdim=True)})()
+
+    class NoPad:
+        pad_token_id = None
+
     with pytest.raises(ValueError, match=r"config\.pad_token_id is None"):
-        RewardModelFunction(model, CharTokenizer())
+        RewardModelFunction(Scorer(), CharTokenizer())
     with pytest.raises(ValueError, match=r"neither the reward model's config nor the tokenizer defines a pad token"):
-        RewardModelFunction(model, NoPad())
+        RewardModelFunction(Scorer(), NoPad())

@@ -85,6 +85,7 @@ class AgentTeam(nn.Module):
         self._refs = dict(ref_policies or {})
         # Longest prompt per agent in tokens (set by the trainer); longer prompts keep their last tokens.
         self.prompt_limits: dict[str, int | None] = {}
+        self._pad_ids: dict[str, int] = {}
         self.share_prefix = True  # compute the rows' common prompt prefix once (trl_collm/prefix.py)
 
     # ------------------------------------------------------------------ access
@@ -136,7 +137,13 @@ class AgentTeam(nn.Module):
             else:
                 ids = list(obs)
             rows.append(truncate_left(ids, max_length if max_length is not None else self.prompt_limits.get(name), f"agent {name!r} prompt"))
-        return _left_pad(rows, tok.pad_token_id, device)
+        return _left_pad(rows, self.pad_id(name), device)
+
+    def pad_id(self, name: str) -> int:
+        """The id that fills agent `name`'s padded positions (see `input_pad_id`)."""
+        if name not in self._pad_ids:
+            self._pad_ids[name] = input_pad_id(self.tokenizers[name], self.model_of(name))
+        return self._pad_ids[name]
 
     def decode_observation(self, name: str, obs: Observation) -> str:
         if isinstance(obs, str):
@@ -167,12 +174,12 @@ class AgentTeam(nn.Module):
         if self.layout == "shared_base":
             names = [n for n in self.names if observations.get(n)]
             encoded = {n: self.encode(n, observations[n], device) for n in names}
-            tok = self.tokenizers[self.names[0]]
             all_rows = [row for n in names for row in _unpad_rows(*encoded[n])]
-            ids, mask = _left_pad(all_rows, tok.pad_token_id, device)
+            ids, mask = _left_pad(all_rows, self.pad_id(self.names[0]), device)
             adapter_names = [n for n in names for _ in range(len(observations[n]))]
             with unwrap(self.shared_base) as model:
-                out = _chunked_generate(model, ids, mask, gen_kwargs, batch_size, adapter_names, self.share_prefix)
+                kwargs = dict(gen_kwargs, pad_token_id=self.pad_id(self.names[0]))  # finished rows feed it back in
+                out = _chunked_generate(model, ids, mask, kwargs, batch_size, adapter_names, self.share_prefix)
             result, start = {}, 0
             for n in names:
                 count = len(observations[n])
@@ -188,7 +195,8 @@ class AgentTeam(nn.Module):
                 continue
             ids, mask = self.encode(n, observations[n], device)
             with unwrap(self.policies[n]) as model:
-                out = _chunked_generate(model, ids, mask, gen_kwargs, batch_size, None, self.share_prefix)
+                kwargs = dict(gen_kwargs, pad_token_id=self.pad_id(n))  # finished rows feed it back in
+                out = _chunked_generate(model, ids, mask, kwargs, batch_size, None, self.share_prefix)
             result[n] = self._finish(n, ids, mask, out[:, ids.shape[1]:], stop_token_id)
         return result
 
@@ -200,7 +208,7 @@ class AgentTeam(nn.Module):
         after_stop = (is_stop.long().cumsum(-1) - is_stop.long()) > 0
         response_mask = ~after_stop
         ended = is_stop.any(-1)
-        response_ids = response_ids.masked_fill(~response_mask, tok.pad_token_id)
+        response_ids = response_ids.masked_fill(~response_mask, self.pad_id(name))
         texts = [
             tok.decode(r[m & (r != stop)].tolist(), skip_special_tokens=True) for r, m in zip(response_ids, response_mask)
         ]
@@ -284,6 +292,21 @@ def truncate_left(ids: list[int], limit: int | None, what: str) -> list[int]:
         return ids
     warnings.warn(f"{what} has {len(ids)} tokens; keeping the last {limit} (max_prompt_length / the model's context).", stacklevel=2)
     return ids[-limit:]
+
+
+def input_pad_id(tokenizer, model: nn.Module) -> int:
+    """The id that fills padded positions of `model`'s inputs. Padding is masked, so any id the model can embed
+    will do: the tokenizer's pad id when the embedding table has a row for it, else its eos id (or 0). A script may
+    add a pad token without resizing the model (TRL's PPO example always adds "[PAD]"; Llama-shaped models have no
+    spare embedding rows), and that id must never reach the embedding."""
+    rows = None
+    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    if embeddings is not None and hasattr(embeddings, "num_embeddings"):
+        rows = embeddings.num_embeddings
+    for candidate in (getattr(tokenizer, "pad_token_id", None), getattr(tokenizer, "eos_token_id", None), 0):
+        if candidate is not None and (rows is None or 0 <= candidate < rows):
+            return int(candidate)
+    return 0
 
 
 def _left_pad(rows: list[list[int]], pad_id: int, device):

@@ -221,6 +221,36 @@ def build_tokenizer(
     return hf_tok
 
 
+# Tokenizers shaped like the real model families a TRL script meets (their specials and how many spare embedding rows
+# the models carry); used to test the drop-in with scripts that add a pad token themselves.
+#   qwen:  byte-level BPE, pad == eos, embedding rows > vocabulary (Qwen2: 151936 rows for 151665 tokens)
+#   neox:  byte-level BPE, no pad token, embedding rows > vocabulary (Pythia: 50304 rows for 50277 tokens)
+#   llama: sentencepiece-like (words marked with "▁", <s> </s> <unk>), no pad token, rows == vocabulary, so a
+#          pad token added by a script has no embedding row
+TOKENIZER_FAMILIES = {"qwen": ("qwen2", 64), "neox": ("qwen2", 27), "llama": ("llama", 0)}  # arch, spare rows
+
+
+def build_family_tokenizer(family: str, vocab_size: int = 512) -> PreTrainedTokenizerFast:
+    """A tokenizer shaped like `family`'s (see TOKENIZER_FAMILIES)."""
+    if family not in TOKENIZER_FAMILIES:
+        raise ValueError(f"unknown tokenizer family {family!r}; expected one of {sorted(TOKENIZER_FAMILIES)}")
+    if family in ("qwen", "neox"):
+        tok = build_tokenizer(vocab_size=vocab_size)
+        tok.pad_token = tok.eos_token if family == "qwen" else None
+        return tok
+    unk, bos, eos = "<unk>", "<s>", "</s>"
+    raw = Tokenizer(models.BPE(unk_token=unk))
+    raw.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
+    raw.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.Fuse(), decoders.Strip(" ", 1, 0)])
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=2, special_tokens=[unk, bos, eos],
+                                  show_progress=False)
+    raw.train_from_iterator(DEFAULT_CORPUS, trainer=trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=raw, unk_token=unk, bos_token=bos, eos_token=eos, padding_side="left",
+        model_max_length=_MAX_LEN, clean_up_tokenization_spaces=False,
+    )
+
+
 # --------------------------------------------------------------------------------------
 # Models
 # --------------------------------------------------------------------------------------
@@ -307,11 +337,11 @@ def build_causal_lm(tokenizer, arch: str = "qwen2", size: str = "tiny", seed: in
 
 
 def build_value_model(
-    tokenizer, arch: str = "qwen2", size: str = "tiny", seed: int = 1, num_labels: int = 1
+    tokenizer, arch: str = "qwen2", size: str = "tiny", seed: int = 1, num_labels: int = 1, **overrides
 ) -> PreTrainedModel:
     """Random-init ``<Arch>ForSequenceClassification``; pad_token_id is set in the config so
     HF pools the hidden state of the last non-pad token."""
-    config = _make_config(tokenizer, arch, size, num_labels=num_labels)
+    config = _make_config(tokenizer, arch, size, num_labels=num_labels, **overrides)
     return _init_model(_ARCHES[arch][2], config, seed)
 
 
@@ -340,6 +370,7 @@ def save_tiny_model(
     kind: str = "causal_lm",
     seed: int = 0,
     num_labels: int = 1,
+    family: str | None = None,
 ) -> str:
     """Build tokenizer + model and save both into ``root/name``; return that path.
 
@@ -355,17 +386,21 @@ def save_tiny_model(
         factory_version=_FACTORY_VERSION, arch=arch, size=size, flavor=flavor, kind=kind, seed=seed,
         num_labels=num_labels if kind == "value" else None,
     )
+    if family is not None:  # a tokenizer family decides the arch and the spare embedding rows
+        arch = TOKENIZER_FAMILIES[family][0]
+        stamp.update(arch=arch, family=family)
     if _stamp_matches(target, stamp):
         return str(target)
 
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=root))
     try:
-        tokenizer = build_tokenizer(flavor=flavor)
+        tokenizer = build_tokenizer(flavor=flavor) if family is None else build_family_tokenizer(family)
+        extra = {} if family is None else {"vocab_size": len(tokenizer) + TOKENIZER_FAMILIES[family][1]}
         if kind == "causal_lm":
-            model = build_causal_lm(tokenizer, arch=arch, size=size, seed=seed)
+            model = build_causal_lm(tokenizer, arch=arch, size=size, seed=seed, **extra)
         else:
-            model = build_value_model(tokenizer, arch=arch, size=size, seed=seed, num_labels=num_labels)
+            model = build_value_model(tokenizer, arch=arch, size=size, seed=seed, num_labels=num_labels, **extra)
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         # Stamp last: its presence certifies a complete folder.

@@ -20,7 +20,7 @@ from torch import nn
 
 from ..assembly import check_tokenizer, model_path
 from ..prefix import forward_last
-from ..team import AgentTeam, _left_pad, truncate_left
+from ..team import AgentTeam, _left_pad, input_pad_id, truncate_left
 from .heads import ValueHead, backbone_of, hidden_size_of, score_layer, value_model_outputs
 
 
@@ -101,7 +101,7 @@ class CriticUnit(nn.Module):
         """Left-padded critic input; `suffix_ids` (token-level values) are appended after each view."""
         if suffix_ids is not None:
             rows = [ids + suffix for ids, suffix in zip(rows, suffix_ids)]
-        return _left_pad(rows, self.tokenizer.pad_token_id, device)
+        return _left_pad(rows, input_pad_id(self.tokenizer, self.context_model()), device)
 
 
 def _save_head(head: nn.Module, folder: str, state: dict | None) -> None:
@@ -153,8 +153,10 @@ class ValueModelUnit(CriticUnit):
         tok = spec.tokenizer
         if tok is None:
             vm_path = model_path(vm)
-            local = vm_path and os.path.isdir(vm_path)
-            tok = AutoTokenizer.from_pretrained(vm_path) if local else team.tokenizers[owner]
+            own = AutoTokenizer.from_pretrained(vm_path) if vm_path and os.path.isdir(vm_path) else None
+            # TRL's PPO read the value model through `processing_class`: keep the agent's tokenizer whenever it
+            # extends the value model's own (e.g. a script added a pad token to it), else use the model's own.
+            tok = team.tokenizers[owner] if own is None or extends(team.tokenizers[owner], own) else own
         elif isinstance(tok, (str, os.PathLike)):
             tok = AutoTokenizer.from_pretrained(tok)
         check_tokenizer(tok, f"critic {key}")
@@ -261,3 +263,9 @@ class SharedBaseAdapterUnit(_TeamBodyUnit):
 PLACEMENTS: dict[str, type[CriticUnit]] = {
     cls.placement: cls for cls in (ValueModelUnit, ActorHeadUnit, SharedBaseAdapterUnit)
 }
+
+
+def extends(tokenizer, base) -> bool:
+    """Whether `tokenizer` gives every token of `base` the same id (it is `base` plus added tokens)."""
+    vocab = tokenizer.get_vocab()
+    return all(vocab.get(token) == i for token, i in base.get_vocab().items())

@@ -13,9 +13,10 @@ from .protocol import Observation
 class RewardModelFunction:
     """Wraps a TRL-PPO-style reward model (``AutoModelForSequenceClassification``, ``num_labels=1``).
 
-    Each agent's prompt + completion is scored separately as ``logits[:, 0]``; the model's own head pools the last
-    non-pad token, so we pad with the model's ``config.pad_token_id`` (the id it pools on) on the tokenizer's
-    padding side.
+    Each agent's prompt + completion is scored separately as ``logits[:, 0]`` of the last real token, as the model's
+    own head pools it. For models with a transformer body and a score layer the batch is left-padded and the last
+    column scored directly, so no pad id is needed; other models are called whole and pool on their
+    ``config.pad_token_id`` (we then pad with it, on the tokenizer's padding side).
     """
 
     __name__ = "reward_model"
@@ -27,10 +28,19 @@ class RewardModelFunction:
         self.tokenizer = tokenizer
         self.batch_size = int(batch_size)
         self.max_length = max_length
+        # Score = the score layer on the last real token's hidden state. With a body and a score layer we find that
+        # token ourselves (left padding: the last column), so the pad id never matters: config.pad_token_id may be
+        # unset and a pad token a script added need not have an embedding row. Other models are called whole and
+        # pool on their config.pad_token_id.
+        self._parts = _body_and_head(model)
         config = getattr(model, "config", None)
         text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
         pad = getattr(text_config, "pad_token_id", None)
-        if pad is None:
+        if self._parts is not None:
+            from ..team import input_pad_id
+
+            pad = input_pad_id(tokenizer, model)
+        elif pad is None:
             pad = getattr(tokenizer, "pad_token_id", None)
             if pad is not None and self.batch_size > 1:
                 raise ValueError(
@@ -45,7 +55,8 @@ class RewardModelFunction:
             )
         self.pad_token_id = pad if pad is not None else 0
         try:
-            self._accepts_position_ids = "position_ids" in inspect.signature(model.forward).parameters
+            forward = self._parts[0].forward if self._parts is not None else model.forward
+            self._accepts_position_ids = "position_ids" in inspect.signature(forward).parameters
         except (TypeError, ValueError):
             self._accepts_position_ids = False
 
@@ -76,7 +87,7 @@ class RewardModelFunction:
     def score_ids(self, sequences: list[list[int]]) -> list[float]:
         """Score token-id sequences (one float each) in length-sorted batches of ``batch_size``."""
         device = self._device()
-        side = getattr(self.tokenizer, "padding_side", "right")
+        side = "left" if self._parts is not None else getattr(self.tokenizer, "padding_side", "right")
         # Sorting by length keeps the padding (wasted compute) per batch small; results are scattered back.
         order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
         scores = [0.0] * len(sequences)
@@ -100,7 +111,13 @@ class RewardModelFunction:
                 if self._accepts_position_ids:
                     # Positions count real tokens only, so left padding does not shift them.
                     kwargs["position_ids"] = (attention_mask.cumsum(-1) - 1).clamp(min=0).to(device)
-                logits = self.model(**kwargs).logits
+                if self._parts is not None:
+                    body, head = self._parts
+                    out = body(**kwargs)
+                    hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+                    logits = head(hidden[:, -1])  # left padding: every row's last real token
+                else:
+                    logits = self.model(**kwargs).logits
                 values = logits[:, 0].float().cpu().tolist()
                 for i, v in zip(idx, values):
                     scores[i] = float(v)
@@ -131,3 +148,13 @@ class RewardModelFunction:
             pos += n
             out.append(chunk[0] if n == 1 else chunk)
         return out
+
+
+def _body_and_head(model):
+    """(transformer body, score layer) of a sequence-classification model, or None for other callables."""
+    from ..critics.heads import backbone_of, score_layer
+
+    try:
+        return backbone_of(model), score_layer(model)
+    except (ValueError, AttributeError):
+        return None
