@@ -397,8 +397,17 @@ def _is_eval(document: str) -> bool:
 
 @functools.lru_cache(maxsize=None)
 def _offline_rows(filename: str) -> tuple[dict, ...]:
-    text = resources.files(__package__).joinpath("data", filename).read_text(encoding="utf-8")
-    return tuple(json.loads(line) for line in text.splitlines() if line.strip())
+    path = resources.files(__package__).joinpath("data", filename)
+    rows = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}, line {number}: not valid JSON ({e}); the shipped task data is damaged, "
+                             "reinstall trl-collm.") from None
+    return tuple(rows)
 
 
 def _check_args(task: str, split: str, limit) -> None:
