@@ -50,7 +50,7 @@ def test_collm_preset_matches_analytic_gradient(tmp_path):
     params = [p for m in policies for p in m.parameters()] + list(critic_model.parameters())
     tok = build_tokenizer()
     args = MultiAgentPPOConfig(
-        output_dir=str(tmp_path), preset="collm", centralized_value="team", max_grad_norm=None,
+        output_dir=str(tmp_path), preset="collm", max_grad_norm=None,
         per_device_train_batch_size=4, use_cpu=True, bf16=False, report_to=[], save_strategy="no",
         num_sample_generations=0, disable_tqdm=True, agent_names=["alice", "bob"],
     )

@@ -330,6 +330,8 @@ def test_collm_preset_trains_one_team_value():
     args = MultiAgentPPOConfig(**BASE, preset="collm")
     assert args.centralized_value == "team"
     assert MultiAgentPPOConfig(**BASE, preset="collm", centralized_value="agent_tagged").centralized_value == "agent_tagged"
+    # per-agent rewards need a value per agent: the preset leaves the default there instead of failing
+    assert MultiAgentPPOConfig(**BASE, preset="collm", reward_type="per_agent").centralized_value == "per_agent_heads"
 
 
 

@@ -195,6 +195,13 @@ class MultiAgentPPOConfig(TeamConfig):
         metadata={"help": "One word that sets the update rule: 'collm' (the paper's reference rule, comlrl 1.3.2) or 'collm-1.4' (gamma 1.0, no grad clip)."},
     )
 
+    def preset_fields(self) -> dict:
+        fields = super().preset_fields()
+        if self.reward_type == "per_agent" or self.advantage_level == "token":
+            # One team value cannot credit per-agent rewards or value tokens: keep a value per agent there.
+            fields.pop("centralized_value", None)
+        return fields
+
     def resolve_for_team(self, num_agents: int) -> None:
         if self.advantage_level is None:
             self.advantage_level = "token" if num_agents == 1 else "turn"

@@ -250,13 +250,17 @@ class TeamConfig(_BaseConfig):
                 raise ValueError(f"`preset`={self.preset!r} is unknown; choose one of {sorted(self.presets)} or leave it unset.")
             # A preset fills the fields the user left at their defaults; anything set explicitly wins.
             defaults = {f.name: f.default for f in fields(self)}
-            for key, value in self.presets[self.preset].items():
+            for key, value in self.preset_fields().items():
                 if getattr(self, key) == defaults[key]:
                     setattr(self, key, value)
         # Before TrainingArguments' own checks, so every bad number gets a message naming its field.
         check_numeric_fields(self)
         super().__post_init__()
         self._validate()
+
+    def preset_fields(self) -> dict:
+        """The fields `preset` fills (those still at their defaults)."""
+        return dict(self.presets[self.preset])
 
     def resolve_for_team(self, num_agents: int) -> None:
         """Fill the team-dependent defaults (called by the trainer once it knows the team)."""
