@@ -107,6 +107,22 @@ def test_user_errors_print_one_line_and_exit_2(tmp_path, capsys, extra, expected
         assert text in err, err
 
 
+def test_report_to_tensorboard_without_tensorboard_is_one_line(tmp_path, capsys, monkeypatch):
+    """The GPU configs log to TensorBoard: without the package the CLI says which extra to install, before any
+    model loads (transformers would fail in the trainer's __init__)."""
+    import importlib.util
+    import tomllib
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a, **k: None if name.startswith("tensorboard") else real(name, *a, **k))
+    err = _one_line_error(capsys, ["ppo", "--config", CC_CPU, "--report_to", "tensorboard",
+                                   "--output_dir", str(tmp_path / "out")])
+    assert "pip install 'trl-collm[tensorboard]'" in err and "--report_to none" in err
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert any(dep.startswith("tensorboard") for dep in extras["tensorboard"])
+
+
 def test_a_missing_model_is_one_line(tmp_path, capsys, model_cache):
     err = _one_line_error(capsys, ["ppo", "--config", CC_CPU, "--output_dir", str(tmp_path / "out"),
                                    "--model_name_or_path", str(tmp_path / "no-such-model")])

@@ -133,6 +133,16 @@ def _check_push(args) -> bool:
     return True
 
 
+def _check_report_to(args) -> None:
+    """transformers would fail in the trainer's __init__, after loading the models; say it before, in one line."""
+    import importlib.util
+
+    if "tensorboard" in (args.report_to or []) and not any(
+            importlib.util.find_spec(m) for m in ("tensorboard", "tensorboardX")):
+        raise UsageError("--report_to tensorboard needs the tensorboard package: pip install 'trl-collm[tensorboard]' "
+                         "(or pass --report_to none)")
+
+
 def train(kind: str, argv: list[str]) -> str:
     from trl import ModelConfig, TrlParser, get_peft_config
 
@@ -146,6 +156,7 @@ def train(kind: str, argv: list[str]) -> str:
     parser.error = _parser_error(prog)
     with user_errors():
         task_args, args, model_args = parser.parse_args_and_config(argv)
+    _check_report_to(args)
     task = _get_task(task_args.task)
     opts = _options(task_args.task_options)
     push = _check_push(args)
