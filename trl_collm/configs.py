@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, fields
 from trl.trainer.base_config import _BaseConfig
 
 # One word selects the paper's reference update rule (comlrl 1.3.2). Every key here is a field of the config;
-# values are applied in __post_init__ and documented in docs/presets.md.
+# values are applied in __post_init__ and documented in docs/algorithm.md ("Presets").
 PRESETS: dict[str, dict] = {
     "collm": dict(
         advantage_level="turn",
