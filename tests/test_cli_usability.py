@@ -336,7 +336,7 @@ def test_your_own_task_by_import_path(tmp_path, capsys, monkeypatch, model_cache
                  "--save_strategy", "no", "--num_sample_generations", "0", *SHORT]) == 0
     desc = json.loads((out / "team.json").read_text())
     assert desc["agents"] == ["left", "right"]
-    assert "same-letter" in (out / "README.md").read_text()
+    assert f"get_task({str(tmp_path / 'my_tasks.py') + ':make_task'!r})" in (out / "README.md").read_text()
     # the module form, found in the current directory as `python -m` would
     monkeypatch.chdir(tmp_path)
     capsys.readouterr()

@@ -133,6 +133,8 @@ def team_card(facts: dict) -> str:
         lines.append("| critic | none (Monte-Carlo baselines) |")
     lines.append(f"| turns per episode | {facts['num_turns']} |")
     algo = {k: v for k, v in facts.get("algorithm", {}).items() if v is not None}
+    if algo.get("critic_type") != "centralized":
+        algo.pop("centralized_value", None)  # a centralized critic's setting: meaningless for the others
     if algo:
         lines.append("| update rule | " + ", ".join(f"{k}={v}" for k, v in algo.items()) + " |")
     gen = facts.get("generation", {})

@@ -195,7 +195,8 @@ def train(kind: str, argv: list[str]) -> str:
     trainer.train()
     trainer.save_model(args.output_dir)
     model_name = os.path.basename(os.path.normpath(args.output_dir))
-    trainer.create_model_card(model_name=model_name, task=task.name)
+    # the card's loader snippet calls get_task() with this: the built-in name, or the import path as given
+    trainer.create_model_card(model_name=model_name, task=task_args.task)
     if task_args.plot and trainer.is_world_process_zero():
         from .plotting import curve_title
 
@@ -204,7 +205,7 @@ def train(kind: str, argv: list[str]) -> str:
     if trainer.is_world_process_zero():
         print(f"saved the team and its card (README.md) to {args.output_dir}")
     if push:
-        _push(trainer, args, task.name)
+        _push(trainer, args, task_args.task)
     return args.output_dir
 
 
