@@ -31,6 +31,6 @@ def plot_learning_curve(history: list[dict], path: str, title: str = "", window:
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, bbox_inches="tight")  # a title wider than the axes stays in the picture
     plt.close(fig)
     return path

@@ -460,7 +460,7 @@ class TeamTrainerBase(_BaseTrainer):
 
     def create_model_card(self, model_name=None, dataset_name=None, tags=None, task=None):
         """The team card (README.md in output_dir, built by trl_collm.cards in place of TRL's single-model card):
-        each agent's base model, the task (`task`: its registry name, when known), algorithm and critic, the last
+        each agent's base model, the task (`task`: a registry name or import path), algorithm and critic, the last
         metrics, how to load and run the team."""
         from ..cards import write_team_card
 
