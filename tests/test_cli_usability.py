@@ -98,6 +98,7 @@ def test_builtin_catalogue_matches_the_registered_tasks():
     (["--config", CC_CPU, "--task_options", "[1, 2]"], ["--task_options", "object"]),
     (["--config", CC_CPU, "--no_such_flag", "1"], ["no_such_flag"]),
     (["--config", CC_CPU, "--agent_models", "tiny"], ["--agent_models", "1 model(s) for 2 agents"]),
+    (["--config", CC_CPU, "--train_limit", "4"], ["has 4 rows", "takes 16", "--per_device_train_batch_size"]),
     (["--config", CC_CPU, "--task", "nomodule_xyz:TASK"], ["nomodule_xyz", "PYTHONPATH"]),
     (["--task", "coord-penalty", "--model_name_or_path", "tiny", "--bf16", "true", "--report_to", "none"], ["bf16"]),
 ])

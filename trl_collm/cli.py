@@ -184,6 +184,14 @@ def train(kind: str, argv: list[str]) -> str:
         data_kwargs = dict(source=task_args.dataset_source, **opts)
         train_ds = _call_with_supported(task.load_dataset, split="train", limit=task_args.train_limit, **data_kwargs)
         eval_ds = _call_with_supported(task.load_dataset, split="eval", limit=task_args.eval_limit, **data_kwargs)
+        # the trainer checks this only when train() starts; a user's mistake, said before any model loads
+        local_batch = args.per_device_train_batch_size * args.gradient_accumulation_steps * getattr(
+            args, "num_mini_batches", 1)
+        if len(train_ds) < local_batch:
+            raise UsageError(f"the training set has {len(train_ds)} rows (--train_limit {task_args.train_limit}) "
+                             f"but one rollout batch takes {local_batch} (--per_device_train_batch_size x "
+                             "--gradient_accumulation_steps x --num_mini_batches); lower the batch or raise "
+                             "--train_limit")
         env = _call_with_supported(task.make_env, **opts)
         if task_args.agent_models:
             model = [_resolve_model(p) for p in task_args.agent_models]
