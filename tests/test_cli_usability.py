@@ -112,7 +112,6 @@ def test_report_to_tensorboard_without_tensorboard_is_one_line(tmp_path, capsys,
     """The GPU configs log to TensorBoard: without the package the CLI says which extra to install, before any
     model loads (transformers would fail in the trainer's __init__)."""
     import importlib.util
-    import tomllib
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
@@ -120,8 +119,8 @@ def test_report_to_tensorboard_without_tensorboard_is_one_line(tmp_path, capsys,
     err = _one_line_error(capsys, ["ppo", "--config", CC_CPU, "--report_to", "tensorboard",
                                    "--output_dir", str(tmp_path / "out")])
     assert "pip install 'trl-collm[tensorboard]'" in err and "--report_to none" in err
-    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
-    assert any(dep.startswith("tensorboard") for dep in extras["tensorboard"])
+    # the extra exists (tomllib is Python 3.11+, the package supports 3.10: read the line)
+    assert re.search(r'^tensorboard = \["tensorboard>=', (ROOT / "pyproject.toml").read_text(), re.MULTILINE)
 
 
 def test_a_missing_model_is_one_line(tmp_path, capsys, model_cache):
