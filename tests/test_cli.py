@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -75,6 +76,78 @@ def test_eval_prints_a_json_summary(trained, capsys, kind):
     assert summary["percent_of_max"] == pytest.approx(100.0 * summary["mean_return"] / get_task("coord-penalty").max_reward)
 
 
+@pytest.mark.parametrize("kind", ["ppo", "mc"])
+def test_the_cli_writes_a_team_card(trained, kind):
+    """README.md names the team, each agent's base model, the task, algorithm and critic, the last metrics and
+    shows the team loader; nothing in it is 'None' (TRL's single-model card said 'Model Card for None')."""
+    out = trained[kind]
+    card = (out / "README.md").read_text()
+    desc = json.loads((out / "team.json").read_text())
+    assert "None" not in card and "huggingface.co/None" not in card and "pipeline(" not in card
+    assert card.startswith("---\n") and f"# {out.name}\n" in card
+    for agent in ["player_1", "player_2"]:
+        assert re.search(rf"\| {agent} \| `[^`]*tiny-qwen2[^`]*` \(local\) \| `{agent}` \|", card), agent
+    assert "`coord-penalty`" in card and "RewardFunctionEnv" in card
+    trainer = "MultiAgentPPOTrainer" if kind == "ppo" else "MultiAgentMCTrainer"
+    assert f"`{trainer}`" in card
+    if kind == "ppo":
+        assert "CoLLM-CC" in card and "| critic | centralized" in card and "saved under `critic/`" in card
+    else:
+        assert "| critic | none" in card
+    last = json.loads((out / "learning_curve.json").read_text())[-1]
+    assert f"| `objective/scores` | {last['score']:.4g} |" in card
+    assert "from trl_collm.inference import load_team, play" in card and "get_task('coord-penalty')" in card
+    assert "response_length=2" in card and desc["generation"]["response_length"] == 2
+
+
+def test_the_card_snippet_runs(trained):
+    """The card's 'Run the team' code, as written (it names the team by its output_dir), loads and plays the team."""
+    card = (trained["ppo"] / "README.md").read_text()
+    code = re.search(r"## Run the team\n\n```python\n(.*?)```", card, re.DOTALL).group(1)
+    assert f"load_team({str(trained['ppo'])!r})" in code
+    scope = {}
+    exec(compile(code, "README.md", "exec"), scope)  # noqa: S102 - the card's own snippet
+    assert len(scope["transcripts"]) == 4
+    assert set(scope["transcripts"][0]["turns"][0]["agents"]) == {"player_1", "player_2"}
+
+
+def test_team_json_records_generation_settings_and_eval_uses_them(trained, capsys, monkeypatch):
+    from trl_collm import inference
+
+    desc = json.loads((trained["ppo"] / "team.json").read_text())
+    gen = desc["generation"]
+    # cc-cpu.yaml: response_length 2, temperature 1.0; the prompt limit is the tiny model's context minus the answer
+    assert gen["response_length"] == 2 and gen["temperature"] == 1.0 and gen["top_p"] == 1.0
+    assert gen["max_prompt_length"] == {"player_1": 2048 - 2, "player_2": 2048 - 2}
+    seen = []
+    real_play = inference.play
+
+    def spy(team, env, rows, **kw):
+        seen.append(dict(kw, prompt_limits=dict(team.prompt_limits)))
+        return real_play(team, env, rows, **kw)
+
+    monkeypatch.setattr(inference, "play", spy)
+    base = ["eval", "--team_dir", str(trained["ppo"]), "--task", "coord-penalty", "--limit", "2"]
+    assert main(base) == 0 and main([*base, "--sample"]) == 0
+    assert main([*base, "--max_new_tokens", "3", "--sample", "--temperature", "0.5"]) == 0
+    assert [(s["max_new_tokens"], s["greedy"], s["temperature"]) for s in seen] == [(2, True, 1.0), (2, False, 1.0),
+                                                                                    (3, False, 0.5)]
+    assert seen[0]["prompt_limits"] == gen["max_prompt_length"]
+
+
+def test_eval_refuses_a_coordination_team_on_the_building_game(trained, capsys):
+    err = _one_line_error(capsys, ["eval", "--team_dir", str(trained["ppo"]), "--task", "building-str"])
+    assert "['player_1', 'player_2']" in err and "building-str" in err
+
+
+def test_learning_curve_title_names_the_critic():
+    from trl_collm.plotting import curve_title
+
+    assert curve_title("coord-penalty", "ppo", "centralized") == "coord-penalty: ppo (CoLLM-CC, centralized critic)"
+    assert curve_title("coord-penalty", "ppo", "decentralized") == "coord-penalty: ppo (CoLLM-DC, decentralized critics)"
+    assert curve_title("coord-penalty", "mc", None) == "coord-penalty: mc (no critic)"
+
+
 def test_play_prints_both_agents_prompts_and_answers(trained, capsys):
     capsys.readouterr()
     assert main(["play", "--team_dir", str(trained["ppo"]), "--task", "coord-penalty", "--limit", "2", "--max_new_tokens", "2"]) == 0
@@ -87,12 +160,18 @@ def test_play_prints_both_agents_prompts_and_answers(trained, capsys):
     assert "mean_return" in _last_json(out)
 
 
+def _listed(out: str) -> list[str]:
+    """The task names of `trl-collm tasks`: the first word of each line before the blank line (notes follow it)."""
+    return [line.split()[0] for line in out.strip().split("\n\n")[0].splitlines()]
+
+
 def test_tasks_lists_every_task(capsys):
     capsys.readouterr()
     assert main(["tasks"]) == 0
     out = capsys.readouterr().out
-    listed = [line.split()[0] for line in out.strip().splitlines()]
+    listed = _listed(out)
     assert listed == list_tasks()
+    assert "MODULE:NAME" in out and "TaskSpec" in out and "--agent_models" in out
     for name in ["writing-summary", "writing-intro", "code-humaneval", "building-str", "building-house",
                  "coord-climbing", "coord-penalty", "coord-numbers", "coord-repeated"]:
         assert name in listed
@@ -102,31 +181,41 @@ def test_tasks_in_a_real_subprocess():
     env = dict(os.environ, HF_HUB_OFFLINE="1")
     script = Path(sys.executable).parent / "trl-collm"
     cmd = [str(script), "tasks"] if script.exists() else [sys.executable, "-m", "trl_collm.cli", "tasks"]
-    res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120, cwd=ROOT)
+    res = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env, timeout=120, cwd=ROOT)
     assert res.returncode == 0, res.stderr[-2000:]
-    assert [line.split()[0] for line in res.stdout.strip().splitlines()] == list_tasks()
+    assert _listed(res.stdout) == list_tasks()
+
+
+def _one_line_error(capsys, argv) -> str:
+    """main(argv) must exit with status 2 and print exactly one line, `trl-collm: error: ...`, on stderr."""
+    capsys.readouterr()
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert err.startswith("trl-collm: error: ") and "\n" not in err, captured.err[-2000:]
+    return err
 
 
 def test_help_and_unknown_command(capsys):
     assert main([]) == 0
     assert "usage: trl-collm" in capsys.readouterr().out
-    assert main(["trian"]) == 2
-    err = capsys.readouterr().err
+    err = _one_line_error(capsys, ["trian"])
     assert "unknown command 'trian'" in err and "ppo" in err
 
 
-def test_unknown_task_is_a_clear_error(tmp_path):
-    with pytest.raises(ValueError, match=r"unknown task 'no-such-task'.*coord-penalty"):
-        main(["ppo", "--task", "no-such-task", "--output_dir", str(tmp_path), "--use_cpu", "true", "--bf16", "false"])
-    with pytest.raises(ValueError, match=r"unknown task 'no-such-task'"):
-        main(["mc", "--config", str(CONFIGS / "coord-penalty" / "mc-cpu.yaml"), "--task", "no-such-task", "--output_dir", str(tmp_path)])
-    with pytest.raises(ValueError, match=r"unknown task 'no-such-task'"):
-        main(["eval", "--team_dir", str(tmp_path), "--task", "no-such-task"])
+def test_unknown_task_is_a_clear_error(tmp_path, capsys):
+    err = _one_line_error(capsys, ["ppo", "--task", "no-such-task", "--output_dir", str(tmp_path), "--use_cpu", "true",
+                                   "--bf16", "false"])
+    assert "unknown task 'no-such-task'" in err and "coord-penalty" in err and "MODULE:NAME" in err
+    err = _one_line_error(capsys, ["mc", "--config", str(CONFIGS / "coord-penalty" / "mc-cpu.yaml"), "--task", "no-such-task",
+                                   "--output_dir", str(tmp_path)])
+    assert "unknown task 'no-such-task'" in err
+    assert "unknown task 'no-such-task'" in _one_line_error(capsys, ["eval", "--team_dir", str(tmp_path), "--task", "no-such-task"])
 
 
-def test_eval_of_a_folder_without_a_team(tmp_path):
-    with pytest.raises(FileNotFoundError, match="team.json"):
-        main(["eval", "--team_dir", str(tmp_path), "--task", "coord-penalty"])
+def test_eval_of_a_folder_without_a_team(tmp_path, capsys):
+    err = _one_line_error(capsys, ["eval", "--team_dir", str(tmp_path), "--task", "coord-penalty"])
+    assert "--team_dir" in err and "team.json" in err
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -205,9 +294,7 @@ def test_gpu_config_parses(rel):
             assert args.centralized_value == "team"
 
 
-def test_cli_rejects_a_num_turns_that_contradicts_the_task(tmp_path):
-    from trl_collm.cli import main
-
-    with pytest.raises(ValueError, match="num_turns"):
-        main(["ppo", "--task", "coord-repeated", "--model_name_or_path", "tiny", "--num_turns", "2", "--output_dir", str(tmp_path),
-              "--use_cpu", "--bf16", "false", "--report_to", "none"])
+def test_cli_rejects_a_num_turns_that_contradicts_the_task(tmp_path, capsys):
+    err = _one_line_error(capsys, ["ppo", "--task", "coord-repeated", "--model_name_or_path", "tiny", "--num_turns", "2",
+                                   "--output_dir", str(tmp_path), "--use_cpu", "--bf16", "false", "--report_to", "none"])
+    assert "--num_turns 2" in err and "coord-repeated" in err and "--task_options" in err

@@ -1,6 +1,7 @@
 """Config parsing (TRL PPO flags, presets) and the Hub push at the huggingface_hub call boundary."""
 
 import os
+import re
 
 import pytest
 from transformers import HfArgumentParser
@@ -108,7 +109,9 @@ def test_push_to_hub_uploads_the_whole_team(tmp_path, monkeypatch):
     for needed in ["team.json", "README.md", "alice/model.safetensors", "bob/model.safetensors", "critic/model.safetensors",
                    "alice/tokenizer.json"]:
         assert needed in files, (needed, files)
-    assert "| alice | `alice` |" in calls["card"] and "centralized" in calls["card"]
+    card = calls["card"]
+    assert re.search(r"\| alice \| `[^`]*tiny-qwen2[^`]*` \(local\) \| `alice` \|", card) and "centralized" in card
+    assert "None" not in card and "team-out" in card and "load_team('me/team-out')" in card
 
 
 def test_push_without_critic_and_load_team_round_trip(tmp_path, monkeypatch):

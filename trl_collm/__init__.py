@@ -1,21 +1,47 @@
-"""trl-collm: train teams of language models to collaborate (CoLLM-CC / CoLLM-DC actor-critic, MC baseline), on TRL."""
+"""trl-collm: train teams of language models to collaborate (CoLLM-CC / CoLLM-DC actor-critic, MC baseline), on TRL.
+
+The public names below are imported on first use (module `__getattr__`): `import trl_collm` and the command line's
+`--help` / `tasks` stay fast because torch, transformers and TRL load only when a trainer, config or environment is
+actually asked for.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from .load_report import install_value_head_report_filter
 
 __version__ = "0.1.0"
 
-from .configs import MC_PRESETS, PRESETS, MultiAgentMCConfig, MultiAgentPPOConfig, TeamConfig
-from .envs import MultiAgentEnv, RewardFunctionEnv, RewardModelFunction, StepResult
-from .trainers import MultiAgentMCTrainer, MultiAgentPPOTrainer
+# public name -> submodule that defines it
+_EXPORTS = {
+    "PRESETS": "configs",
+    "MC_PRESETS": "configs",
+    "MultiAgentPPOConfig": "configs",
+    "MultiAgentMCConfig": "configs",
+    "TeamConfig": "configs",
+    "MultiAgentEnv": "envs",
+    "RewardFunctionEnv": "envs",
+    "RewardModelFunction": "envs",
+    "StepResult": "envs",
+    "MultiAgentPPOTrainer": "trainers",
+    "MultiAgentMCTrainer": "trainers",
+}
 
-__all__ = [
-    "PRESETS",
-    "MultiAgentPPOConfig",
-    "MultiAgentPPOTrainer",
-    "MultiAgentMCConfig",
-    "MultiAgentMCTrainer",
-    "MC_PRESETS",
-    "TeamConfig",
-    "MultiAgentEnv",
-    "RewardFunctionEnv",
-    "RewardModelFunction",
-    "StepResult",
-]
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'trl_collm' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value  # later look-ups skip __getattr__
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))
+
+
+install_value_head_report_filter()

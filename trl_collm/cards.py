@@ -1,6 +1,19 @@
-"""The team model card: what a Hub visitor needs to know about a trained team and how to run it."""
+"""The team model card (README.md in the output folder): what a Hub visitor needs to know about a trained team and
+how to run it. Replaces TRL's single-model card, whose quick start (`pipeline(model=...)`) cannot load a team."""
 
 from __future__ import annotations
+
+import os
+import re
+
+PAPER = "Liu, Chen, Amiri, Amato: CoLLM, multi-agent actor-critic for decentralized LLM collaboration (ICML 2026)"
+PAPER_URL = "https://arxiv.org/abs/2601.21972"
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
+_ALGORITHMS = {
+    "centralized": "CoLLM-CC: PPO-style actors with one centralized critic that reads every agent's history",
+    "decentralized": "CoLLM-DC: PPO-style actors with one decentralized critic per agent (its own history only)",
+    None: "Monte-Carlo, critic-free (MAGRPO-style): group-mean baselines over sampled answers",
+}
 
 
 def _short(text: str, limit: int = 400) -> str:
@@ -8,46 +21,175 @@ def _short(text: str, limit: int = 400) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def team_card_section(desc: dict, metrics: dict | None = None) -> str:
-    """Markdown appended to TRL's model card. `desc` is the trainer's team description (team.json + task facts)."""
-    lines = ["", "## The team", ""]
-    lines.append(
-        f"Trained with [trl-collm](https://pypi.org/project/trl-collm/)'s `{desc['trainer']}`: {len(desc['agents'])} agents "
-        f"({desc['layout'].replace('_', ' ')} layout), {desc['num_turns']} turn(s) per episode, preset `{desc['preset']}`."
+def is_hub_id(name: str | None) -> bool:
+    """'org/model' that is not a local folder: something huggingface.co can link to."""
+    return bool(name) and not os.path.exists(name) and bool(_HUB_ID.match(name))
+
+
+def _model_link(name: str | None) -> str:
+    if not name:
+        return "(unknown)"
+    return f"[{name}](https://huggingface.co/{name})" if is_hub_id(name) else f"`{name}` (local)"
+
+
+def base_models(trainer) -> dict[str, str | None]:
+    """Each agent's base model, as it was loaded (`config._name_or_path`: a Hub id or a local path)."""
+    team = trainer.team
+    out = {}
+    for a in team.names:
+        model = team.shared_base if team.layout == "shared_base" else team.model_of(a)
+        if hasattr(model, "get_base_model"):
+            model = model.get_base_model()
+        out[a] = getattr(getattr(model, "config", None), "_name_or_path", None) or None
+    return out
+
+
+def card_facts(trainer, model_name: str | None = None, dataset_name: str | None = None, tags=None,
+               task: str | None = None) -> dict:
+    """Everything the card says, gathered from a trainer (also what tests check)."""
+    args = trainer.args
+    desc = trainer.team_description()
+    name = model_name or (args.hub_model_id or "").rstrip("/").split("/")[-1] or os.path.basename(
+        os.path.normpath(args.output_dir))
+    tags = [tags] if isinstance(tags, str) else list(tags or [])
+    critic = desc.get("critic", {}).get("type")
+    return dict(
+        desc,
+        model_name=name,
+        repo=getattr(trainer, "hub_model_id", None) or args.output_dir,
+        dataset_name=dataset_name,
+        tags=list(dict.fromkeys(["trl", "trl-collm", "multi-agent", *tags])),
+        task_name=task,
+        task=trainer._task_facts(),
+        algorithm=trainer._algorithm_facts(),
+        algorithm_summary=_ALGORITHMS.get(critic, _ALGORITHMS[None]),
+        base_models=base_models(trainer),
+        metrics=trainer.metrics_history[-1] if trainer.metrics_history else {},
     )
-    algo = desc.get("algorithm", {})
-    if algo:
-        lines.append("Update rule: " + ", ".join(f"{k}={v}" for k, v in algo.items()) + ".")
-    task = desc.get("task", {})
-    if task:
-        lines += ["", f"Task: environment `{task.get('env')}`" + (f", rewards {', '.join(f'`{r}`' for r in task['rewards'])}" if task.get("rewards") else "") + "."]
-    lines += ["", "| agent | folder | example prompt |", "|---|---|---|"]
-    prompts = task.get("example_prompts", {}) if task else {}
-    for a, folder in desc["agent_folders"].items():
-        lines.append(f"| {a} | `{folder}` | {_short(prompts.get(a, ''), 160).replace('|', '/')} |")
-    if "critic" in desc:
-        c = desc["critic"]
-        where = ", ".join(sorted({u["placement"] for u in c["units"].values()}))
-        lines += ["", f"Critic (training only, not needed to run the team): {c['type']}, value mode `{c['value_mode']}`, "
-                  f"placement `{where}`, saved under `critic/`."]
-    if metrics:
-        keys = [k for k in metrics if k.endswith("objective/scores") or k.startswith("eval_")]
-        if keys:
-            lines += ["", "Last logged metrics:", "", "| metric | value |", "|---|---|"]
-            lines += [f"| {k} | {metrics[k]:.4g} |" for k in sorted(keys) if isinstance(metrics[k], (int, float))]
-    lines += [
+
+
+def _front_matter(facts: dict) -> str:
+    import yaml
+
+    hub_bases = sorted({b for b in facts["base_models"].values() if is_hub_id(b)})
+    meta = {"library_name": "transformers", "tags": facts["tags"]}
+    if hub_bases:
+        meta["base_model"] = hub_bases if len(hub_bases) > 1 else hub_bases[0]
+    if facts.get("dataset_name"):
+        meta["datasets"] = [facts["dataset_name"]]
+    meta["model_name"] = facts["model_name"]
+    return "---\n" + yaml.safe_dump(meta, sort_keys=False) + "---\n"
+
+
+def _metric_rows(metrics: dict) -> list[str]:
+    keys = [k for k in metrics if k == "episode" or k.endswith("objective/scores") or k.startswith("eval_")]
+    rows = []
+    for k in sorted(keys):
+        v = metrics[k]
+        if isinstance(v, (int, float)):
+            rows.append(f"| `{k}` | {v:.4g} |")
+    return rows
+
+
+def team_card(facts: dict) -> str:
+    """The card's markdown from `card_facts`."""
+    n = len(facts["agents"])
+    task_name, task = facts.get("task_name"), facts.get("task", {})
+    what = f"the task `{task_name}`" if task_name else f"the environment `{task.get('env')}`"
+    lines = [
+        _front_matter(facts),
+        f"# {facts['model_name']}",
         "",
-        "Run the team decentralized (each agent sees only its own prompt; no critic):",
+        (f"A team of {n} language models trained together on {what} with "
+         f"[trl-collm](https://pypi.org/project/trl-collm/)'s `{facts['trainer']}`: {facts['algorithm_summary']}. "
+         "The agents act decentralized: each reads only its own prompt and writes its own answer; the critic is "
+         "needed for training only."),
         "",
-        "```python",
-        "from huggingface_hub import snapshot_download",
-        "from trl_collm.inference import load_team, play",
+        "## Agents",
         "",
-        "team = load_team(snapshot_download(\"<this repo>\"))  # or a local folder",
-        "transcripts = play(team, env, rows, num_turns=" + str(desc["num_turns"]) + ")",
-        "```",
-        "",
-        "Each agent folder also loads on its own with `AutoModelForCausalLM` (full models) or `PeftModel` (adapters); "
-        "`team.json` describes the whole team.",
+        "| agent | base model | folder | example prompt |",
+        "|---|---|---|---|",
     ]
+    prompts = task.get("example_prompts", {})
+    for a in facts["agents"]:
+        lines.append(f"| {a} | {_model_link(facts['base_models'].get(a))} | `{facts['agent_folders'][a]}` | "
+                     f"{_short(prompts.get(a, ''), 160).replace('|', '/')} |")
+    layout = ("LoRA adapters on one shared base model (load each with `PeftModel`)" if facts["layout"] == "shared_base"
+              else "separate full models (each loads with `AutoModelForCausalLM`)")
+    lines += ["", f"Layout: {layout}.", "", "## Training", "", "| | |", "|---|---|"]
+    task_row = f"`{task_name}`, " if task_name else ""
+    task_row += f"environment `{task.get('env')}`"
+    if task.get("rewards"):
+        task_row += ", rewards " + ", ".join(f"`{r}`" for r in task["rewards"])
+    lines.append(f"| task | {task_row} |")
+    preset = f"preset `{facts['preset']}`" if facts.get("preset") else "no preset (every field as configured)"
+    lines.append(f"| algorithm | `{facts['trainer']}`, {preset} |")
+    if "critic" in facts:
+        c = facts["critic"]
+        where = ", ".join(sorted({u["placement"] for u in c["units"].values()}))
+        lines.append(f"| critic | {c['type']}, value mode `{c['value_mode']}`, placement `{where}`, saved under "
+                     "`critic/` (not needed to run the team) |")
+    else:
+        lines.append("| critic | none (Monte-Carlo baselines) |")
+    lines.append(f"| turns per episode | {facts['num_turns']} |")
+    algo = {k: v for k, v in facts.get("algorithm", {}).items() if v is not None}
+    if algo:
+        lines.append("| update rule | " + ", ".join(f"{k}={v}" for k, v in algo.items()) + " |")
+    gen = facts.get("generation", {})
+    shown = {k: v for k, v in gen.items() if v is not None and k != "max_prompt_length"}
+    if shown:
+        lines.append("| generation | " + ", ".join(f"{k}={v}" for k, v in shown.items())
+                     + " (recorded in `team.json`; `trl-collm eval` / `play` use them by default) |")
+    rows = _metric_rows(facts.get("metrics") or {})
+    if rows:
+        lines += ["", "## Results", "", "Last logged training iteration:", "", "| metric | value |", "|---|---|", *rows]
+    repo = facts["repo"]
+    lines += ["", "## Run the team", "", "```python", "from trl_collm.inference import load_team, play"]
+    if task_name:
+        lines += [
+            "from trl_collm.tasks import get_task",
+            "",
+            f"team = load_team({repo!r})  # a Hub repo id or a local folder",
+            f"task = get_task({task_name!r})",
+            "rows = list(task.load_dataset(\"eval\", limit=4))",
+            (f"transcripts = play(team, task.make_env(), rows, num_turns={facts['num_turns']}, "
+             f"max_new_tokens={gen.get('response_length', 64)})"),
+            "```",
+            "",
+            f"or from the command line: `trl-collm eval --team_dir <local folder> --task {task_name}`.",
+        ]
+    else:
+        lines += [
+            "",
+            f"team = load_team({repo!r})  # a Hub repo id or a local folder",
+            "# env: the trl_collm.MultiAgentEnv the team was trained with; rows: its dataset rows",
+            (f"transcripts = play(team, env, rows, num_turns={facts['num_turns']}, "
+             f"max_new_tokens={gen.get('response_length', 64)})"),
+            "```",
+        ]
+    lines += ["", "`team.json` describes the whole team (agents, folders, layout, critic, generation settings)."]
+    lines += ["", "## Framework versions", "", *_versions(), "", "## Citation", "",
+              f"The method: {PAPER}, [arXiv 2601.21972]({PAPER_URL})."]
     return "\n".join(lines) + "\n"
+
+
+def _versions() -> list[str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = []
+    for pkg in ("trl-collm", "trl", "transformers", "peft", "torch", "datasets"):
+        try:
+            out.append(f"- {pkg}: {version(pkg)}")
+        except PackageNotFoundError:
+            continue
+    return out
+
+
+def write_team_card(trainer, model_name: str | None = None, dataset_name: str | None = None, tags=None,
+                    task: str | None = None) -> str:
+    """Write README.md (the team card) into the trainer's output_dir; returns its path."""
+    path = os.path.join(trainer.args.output_dir, "README.md")
+    os.makedirs(trainer.args.output_dir, exist_ok=True)
+    with open(path, "w") as f:
+        f.write(team_card(card_facts(trainer, model_name, dataset_name, tags, task)))
+    return path

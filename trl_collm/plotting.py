@@ -2,8 +2,17 @@
 
 from __future__ import annotations
 
+_CRITICS = {"centralized": "CoLLM-CC, centralized critic", "decentralized": "CoLLM-DC, decentralized critics"}
 
-def plot_learning_curve(history: list[dict], path: str, title: str = "", window: int = 5, x: str = "episode", y: str = "score") -> str:
+
+def curve_title(task: str, kind: str, critic_type: str | None) -> str:
+    """e.g. 'coord-penalty: ppo (CoLLM-CC, centralized critic)', 'coord-penalty: mc (no critic)'."""
+    what = _CRITICS.get(critic_type, f"{critic_type} critic") if critic_type else "no critic"
+    return f"{task}: {kind} ({what})"
+
+
+def plot_learning_curve(history: list[dict], path: str, title: str = "", window: int = 5, x: str = "episode",
+                        y: str = "score") -> str:
     """Plot `y` against `x` (raw points and a moving average) and save a PNG at `path`."""
     import matplotlib
 
@@ -22,6 +31,6 @@ def plot_learning_curve(history: list[dict], path: str, title: str = "", window:
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, bbox_inches="tight")  # a title wider than the axes stays in the picture
     plt.close(fig)
     return path

@@ -26,8 +26,9 @@ def agent_folder(name: str, num_agents: int) -> str:
     return "." if num_agents == 1 else name
 
 
-def describe_team(team: AgentTeam, trainer: str, num_turns: int, preset: str | None, critic=None) -> dict:
-    """The contents of team.json."""
+def describe_team(team: AgentTeam, trainer: str, num_turns: int, preset: str | None, critic=None,
+                  generation: dict | None = None) -> dict:
+    """The contents of team.json (`generation`: the sampling settings the team was trained with)."""
     desc = {
         "format": FORMAT,
         "agents": team.names,
@@ -37,6 +38,8 @@ def describe_team(team: AgentTeam, trainer: str, num_turns: int, preset: str | N
         "preset": preset,
         "agent_folders": {a: agent_folder(a, len(team.names)) for a in team.names},
     }
+    if generation is not None:
+        desc["generation"] = generation
     if team.layout == "shared_base":
         desc["base_model"] = getattr(team.shared_base.get_base_model().config, "_name_or_path", None)
     if critic is not None:

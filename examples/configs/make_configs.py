@@ -165,6 +165,7 @@ def gpu_config(task: str, row: dict, algo: str) -> str:
         f"{task} / {algo} on one GPU: {ALGOS[algo]}.",
         f"Base {row['model']} in bf16, LoRA r16 on all linear layers.",
         f"trl-collm {'ppo' if algo != 'mc' else 'mc'} --config examples/configs/{task}/{algo}-gpu.yaml",
+        "Logs to TensorBoard: pip install 'trl-collm[tensorboard]' (or pass --report_to none).",
     ]
     return _emit(header, items)
 

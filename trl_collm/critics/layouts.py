@@ -171,7 +171,7 @@ class TeamCritic(nn.Module):
 
     def card_facts(self) -> dict:
         """The critic's settings as the model card lists them (named like the config fields)."""
-        return {"critic_type": self.name, "centralized_value": self.value_mode}
+        return {"critic_type": self.name}
 
     def describe(self) -> dict:
         """The critic's entry in team.json."""
@@ -229,6 +229,9 @@ class CentralizedCritic(TeamCritic):
     def __init__(self, agent_names: list[str], args, token_level: bool):
         super().__init__(agent_names, args, token_level)
         self.sees_joint_action = args.critic_sees_joint_action
+
+    def card_facts(self) -> dict:
+        return dict(super().card_facts(), centralized_value=self.value_mode)
 
     @classmethod
     def check_config(cls, args) -> None:

@@ -7,6 +7,7 @@ Coordinates are Minecraft-like: x grows to the right, y grows upwards (layers), 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -373,9 +374,20 @@ def render_png(world: World, path, target: Target | None = None, title: str | No
         layers = [y for y in range(h) if y in busy] or [0]
     iso = not plane
     ncols = len(layers) + (1 if iso else 0)
-    panel_w = max(2.0, 0.32 * w) if plane else max(2.2, 0.45 * w)
-    panel_h = max(1.6, 0.32 * h) if plane else max(2.2, 0.45 * d)
-    fig = plt.figure(figsize=(panel_w * ncols + 0.5, panel_h + 1.4), dpi=dpi)
+    panel_w = max(2.4, 0.32 * w) if plane else max(2.2, 0.45 * w)
+    panel_h = max(2.2, 0.32 * h) if plane else max(2.2, 0.45 * d)
+    blocks = sorted({b for b, _ in world.cells.values()} | {b for b in target_cells.values() if b})
+    labels = blocks + (["missing target cell", "extra block"] if target is not None else [])
+    # A one-letter target makes narrow panels: size the figure for its title and legend too, so neither is cut off.
+    # Widths in inches from the font sizes (10 pt title, 7 pt legend: about 0.6 em per character).
+    entry_w = [0.45 + 0.06 * len(label) for label in labels]
+    width = max(panel_w * ncols + 0.5, 0.085 * len(title or "") + 0.4, max(entry_w, default=0) + 0.4)
+    ncol = max(1, len(labels))
+    while ncol > 1 and sum(sorted(entry_w, reverse=True)[:ncol]) > width - 0.4:
+        ncol -= 1
+    legend_rows = math.ceil(len(labels) / ncol) if labels else 0
+    height = panel_h + 1.1 + 0.22 * legend_rows
+    fig = plt.figure(figsize=(width, height), dpi=dpi)
 
     def draw_cell(ax, u, v, cell):
         block = world.block(cell)
@@ -433,16 +445,17 @@ def render_png(world: World, path, target: Target | None = None, title: str | No
         ax.view_init(elev=25, azim=-60)
         ax.set_title("isometric view", fontsize=9)
 
-    blocks = sorted({b for b, _ in world.cells.values()} | {b for b in target_cells.values() if b})
     handles = [Patch(facecolor=_colour(b), edgecolor="black", label=b) for b in blocks]
     if target is not None:
         handles.append(Patch(fill=False, linestyle="--", edgecolor="grey", label="missing target cell"))
         handles.append(Patch(facecolor="white", edgecolor="red", linewidth=2, label="extra block"))
     if handles:
-        fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 6), fontsize=7, frameon=False)
+        fig.legend(handles=handles, loc="lower center", ncol=ncol, fontsize=7, frameon=False)
     if title:
         fig.suptitle(title, fontsize=10)
-    fig.tight_layout(rect=(0, 0.1, 1, 0.95))
-    fig.savefig(path, dpi=dpi)
+    bottom = (0.1 + 0.22 * legend_rows) / height
+    fig.tight_layout(rect=(0, bottom, 1, 1 - 0.45 / height))
+    # bbox_inches="tight": whatever the estimate above missed still lands inside the saved picture.
+    fig.savefig(path, dpi=dpi, bbox_inches="tight", pad_inches=0.1)
     plt.close(fig)
     return str(path)

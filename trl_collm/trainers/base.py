@@ -465,19 +465,23 @@ class TeamTrainerBase(_BaseTrainer):
     def team_description(self) -> dict:
         """The saved team's team.json (see `trl_collm.saved_team`)."""
         args = self.args
-        return saved_team.describe_team(self.team, type(self).__name__, args.num_turns, args.preset, self.critic)
+        # Generation settings, so `trl-collm eval` / `play` (and the card) run the team as it was trained.
+        generation = {
+            "response_length": args.response_length, "temperature": args.temperature, "top_p": args.top_p,
+            "top_k": args.top_k, "stop_token_id": args.stop_token_id,
+            "max_prompt_length": {a: self.team.prompt_limits.get(a) for a in self.team.names},
+        }
+        return saved_team.describe_team(self.team, type(self).__name__, args.num_turns, args.preset, self.critic,
+                                        generation=generation)
 
-    def create_model_card(self, model_name=None, dataset_name=None, tags=None):
-        """TRL's card, followed by the team section (agents, roles, task, critic, metrics, how to run the team)."""
-        from ..cards import team_card_section
+    def create_model_card(self, model_name=None, dataset_name=None, tags=None, task=None):
+        """The team card (README.md in output_dir, built by trl_collm.cards in place of TRL's single-model card):
+        each agent's base model, the task (`task`: a registry name or import path), algorithm and critic, the last
+        metrics, how to load and run the team."""
+        from ..cards import write_team_card
 
-        super().create_model_card(model_name=model_name, dataset_name=dataset_name, tags=tags)
-        if not self.is_world_process_zero():
-            return
-        desc = dict(self.team_description(), task=self._task_facts(), algorithm=self._algorithm_facts())
-        metrics = self._metrics_history[-1] if self._metrics_history else None
-        with open(os.path.join(self.args.output_dir, "README.md"), "a") as f:
-            f.write(team_card_section(desc, metrics))
+        if self.is_world_process_zero():
+            write_team_card(self, model_name=model_name, dataset_name=dataset_name, tags=tags, task=task)
 
     def _task_facts(self) -> dict:
         facts = {"env": type(self.env).__name__, "rewards": list(getattr(self.env, "reward_func_names", []) or [])}

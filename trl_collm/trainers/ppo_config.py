@@ -12,7 +12,7 @@ from ..critics import check_critic_config
 from .team_config import TeamConfig
 
 # One word selects the paper's reference update rule (comlrl 1.3.2). Every key here is a field of the config;
-# values are applied in __post_init__ and documented in docs/presets.md.
+# values are applied in __post_init__ and documented in docs/algorithm.md ("Presets").
 PRESETS: dict[str, dict] = {
     "collm": dict(
         centralized_value="team",  # the reference's centralized critic values the team, not each agent

@@ -253,6 +253,12 @@ class TeamConfig(_BaseConfig):
             for key, value in self.preset_fields().items():
                 if getattr(self, key) == defaults[key]:
                     setattr(self, key, value)
+        # bf16 left unset (TRL would turn it on): on only where a bf16 GPU can run it, so the same script also runs
+        # on a CPU-only machine (transformers refuses bf16 there unless use_cpu=True, and CPU training stays fp32).
+        if self.bf16 is None and not self.fp16:
+            from transformers.utils import is_torch_bf16_gpu_available
+
+            self.bf16 = not self.use_cpu and is_torch_bf16_gpu_available()
         # Before TrainingArguments' own checks, so every bad number gets a message naming its field.
         check_numeric_fields(self)
         super().__post_init__()
