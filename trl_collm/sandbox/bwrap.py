@@ -31,9 +31,9 @@ UNSAFE_ENV = "TRL_COLLM_UNSAFE_NO_SANDBOX"
 INSTALL_HINT = ("install bubblewrap: `sudo apt-get install bubblewrap` (Debian/Ubuntu), `sudo dnf install "
                 "bubblewrap` (Fedora), `sudo pacman -S bubblewrap` (Arch); see docs/security.md")
 USERNS_HINT = ("enable unprivileged user namespaces (`sudo sysctl -w user.max_user_namespaces=15000`, on Debian "
-               "`kernel.unprivileged_userns_clone=1`, on Ubuntu 24.04+ `kernel.apparmor_restrict_unprivileged_userns=0` "
-               "or an AppArmor profile for bwrap; in Docker run with `--security-opt seccomp=unconfined` or "
-               "`--privileged`); see docs/security.md")
+               "`kernel.unprivileged_userns_clone=1`, on Ubuntu 24.04+ "
+               "`kernel.apparmor_restrict_unprivileged_userns=0` or an AppArmor profile for bwrap; in Docker run "
+               "with `--security-opt seccomp=unconfined` or `--privileged`); see docs/security.md")
 SANDBOX_UID = 65534  # "nobody" inside the sandbox's user namespace
 
 
@@ -89,14 +89,18 @@ def _system_binds() -> list[str]:
     return args
 
 
-def command(limits: Limits, *, seccomp_fd: int | None) -> list[str]:
+def command(limits: Limits, *, seccomp_fd: int | None, info_fd: int | None = None) -> list[str]:
     """argv that runs ``python -I -S -B`` inside a new sandbox (the caller appends ``-c <program> ...``)."""
     python, prefix = interpreter()
     if unsafe_mode():
         _warn_unsafe()
         return [python, "-I", "-S", "-B"]
     bwrap = shutil.which("bwrap") or "/usr/bin/bwrap"
+    # --as-pid-1: Python is the PID namespace's init (the seccomp filter allows no other process, so no reaper is
+    # needed), and bwrap reaps it itself. With bwrap's own init, bwrap exits as soon as init reports the status and
+    # leaves init to the host's PID 1, which in many containers never reaps it (a zombie per sandbox).
     args = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
+            "--as-pid-1",
             "--clearenv", "--cap-drop", "ALL", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
             "--hostname", "sandbox"]
     args += _system_binds()
@@ -106,11 +110,14 @@ def command(limits: Limits, *, seccomp_fd: int | None) -> list[str]:
     args += ["--dev", "/dev",
              "--size", str(limits.tmp_mb * mib), "--perms", "1777", "--tmpfs", "/tmp",
              "--size", str(limits.shm_mb * mib), "--perms", "1777", "--tmpfs", "/dev/shm",
+             "--remount-ro", "/dev",  # device nodes still work; no files in /dev's own (uncapped) tmpfs
              "--remount-ro", "/",
              "--chdir", "/tmp",
              "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/tmp", "--setenv", "LANG", "C.UTF-8"]
     if seccomp_fd is not None:
         args += ["--seccomp", str(seccomp_fd)]
+    if info_fd is not None:
+        args += ["--info-fd", str(info_fd)]
     return args + ["--", python, "-I", "-S", "-B"]
 
 
@@ -165,12 +172,19 @@ def isolation() -> tuple[str, ...]:
 
 def start(limits: Limits) -> Child:
     """A new sandbox running the runner program (it waits for its request line on stdin)."""
-    fd = None if unsafe_mode() else seccomp.filter_fd()
+    cfg = json.dumps({"memory_mb": limits.memory_mb, "file_mb": limits.tmp_mb, "open_files": limits.open_files,
+                      "cpu_seconds": limits.cpu_seconds})
+    if unsafe_mode():
+        return Child(command(limits, seccomp_fd=None) + ["-c", programs.source("runner"), cfg])
+    fd = seccomp.filter_fd()
+    info_read, info_write = os.pipe()
+    os.set_blocking(info_read, False)
     try:
-        cfg = json.dumps({"memory_mb": limits.memory_mb, "file_mb": limits.tmp_mb, "open_files": limits.open_files,
-                          "cpu_seconds": limits.cpu_seconds})
-        argv = command(limits, seccomp_fd=fd) + ["-c", programs.source("runner"), cfg]
-        return Child(argv, pass_fds=() if fd is None else (fd,))
+        argv = command(limits, seccomp_fd=fd, info_fd=info_write) + ["-c", programs.source("runner"), cfg]
+        return Child(argv, pass_fds=(fd, info_write), info_fd=info_read)
+    except BaseException:
+        os.close(info_read)
+        raise
     finally:
-        if fd is not None:
-            os.close(fd)
+        os.close(fd)
+        os.close(info_write)

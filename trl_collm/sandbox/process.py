@@ -1,15 +1,17 @@
 """Host side of a child process: start it with nothing inherited, read its pipes with deadlines and size caps,
 and end it for sure.
 
-Ending: a sandbox is killed by killing its ``bwrap`` (SIGKILL to the process group ``bwrap`` leads). Everything in
-the sandbox lives in bwrap's PID namespace, whose init dies with bwrap (``--die-with-parent``), and the kernel
-kills every process of a PID namespace when its init dies. Nothing is left on the host's file system: the sandbox
-writes only to its own tmpfs mounts, which vanish with its mount namespace, so there is no cleanup that could
-follow a symlink.
+Ending: a sandbox is ended by SIGKILL to the init of its PID namespace (bwrap reports that process's host pid on
+``--info-fd``); the kernel then kills every process of the namespace, and bwrap, whose only child it was, exits
+and is reaped here. Killing bwrap first would orphan the namespace's init, which then waits as a zombie for the
+host's PID 1 to reap it (never, in a container whose PID 1 does not reap). Should bwrap not exit, SIGKILL goes to
+its process group. Nothing is left on the host's file system: the sandbox writes only to its own tmpfs mounts,
+which vanish with its mount namespace, so there is no cleanup that could follow a symlink.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import select
 import signal
@@ -24,7 +26,9 @@ EOF, TIMEOUT, TOO_LONG = "eof", "timeout", "too_long"
 class Child:
     """One child process with piped stdin / stdout (and stderr, read only at the end)."""
 
-    def __init__(self, argv: list[str], *, pass_fds: tuple[int, ...] = (), stderr_cap: int = 16384):
+    def __init__(self, argv: list[str], *, pass_fds: tuple[int, ...] = (), stderr_cap: int = 16384,
+                 info_fd: int | None = None):
+        self.info_fd = info_fd  # read end of bwrap's --info-fd pipe (owned by this object from now on)
         self.proc = subprocess.Popen(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=pass_fds,
             close_fds=True, env={}, cwd="/", start_new_session=True, bufsize=0)
@@ -125,17 +129,54 @@ class Child:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
+    def _kill_namespace_init(self) -> bool:
+        """SIGKILL the sandbox's PID-namespace init; True when it was sent."""
+        if self.info_fd is None:
+            return False
+        try:
+            data = os.read(self.info_fd, 65536)  # written by bwrap before it runs anything of the sandbox
+            init = int(json.loads(data.split(b"}")[0] + b"}")["child-pid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return False
+        try:
+            pidfd = os.pidfd_open(init)
+        except OSError:
+            return False
+        try:
+            # The pid is only ours if it is still bwrap's child (a reaped pid could have been reused).
+            with open(f"/proc/{init}/stat", "rb") as f:
+                stat = f.read()
+            if int(stat[stat.rfind(b")") + 2 :].split()[1]) != self.pid:
+                return False
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+            return True
+        except (OSError, ValueError, IndexError):
+            return False
+        finally:
+            os.close(pidfd)
+
     def kill(self) -> int | None:
-        """SIGKILL the child's process group, reap it, close the pipes; returns the exit status."""
+        """End the child (for a sandbox: its PID namespace first), reap it, close the pipes; returns its exit
+        status."""
         if self.proc.poll() is None:
-            try:
-                os.killpg(self.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+            code = None
+            if self._kill_namespace_init():
+                try:
+                    code = self.proc.wait(timeout=2)
+                except subprocess.TimeoutExpired:
+                    pass
+            if code is None:
+                try:
+                    os.killpg(self.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
         try:
             code = self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:  # only if the kernel could not deliver SIGKILL
             code = None
+        if self.info_fd is not None:
+            os.close(self.info_fd)
+            self.info_fd = None
         for f in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
             try:
                 f.close()
