@@ -129,6 +129,7 @@ def main() -> None:
         with ThreadPoolExecutor(max_workers=len(group)) as pool:
             for s, out in zip(group, pool.map(lambda s: run_sample(sandbox, s), group)):
                 results["samples"][s["id"]] = out
+    sandbox.shutdown()  # the warm sandboxes and judges kept for later calls (they never received a sample)
     time.sleep(0.1)
     watcher.stop = True
     watcher.join()

@@ -9,7 +9,7 @@
 What each sandbox gets and what is guaranteed: ``bwrap.py``, ``seccomp.py`` and docs/security.md.
 """
 
-from .bwrap import Limits, SandboxUnavailable, require_sandbox, unsafe_mode
+from .bwrap import Limits, SandboxUnavailable, require_sandbox, shutdown, unsafe_mode
 from .judging import TestOutcome, TestReport, run_tests, split_tests
 from .scripts import SandboxResult, run_python
 
@@ -22,6 +22,7 @@ __all__ = [
     "require_sandbox",
     "run_python",
     "run_tests",
+    "shutdown",
     "split_tests",
     "unsafe_mode",
 ]

@@ -8,46 +8,85 @@ fresh built-in values, which the asserts compare with this process's own, untouc
 nothing the solution does in its own process (patching builtins / modules / frames, exit codes, printed lines,
 signals, crashes) reaches the comparisons: the most a hostile sandbox can do is claim a return value.
 
-Protocol on stdin: one JSON payload line, then one line per host message (``ready``, ``reply``, ``timeout``,
-``died``). On stdout: ``load`` / ``syntax_error`` once, ``call`` per candidate call, ``test`` per test, ``done``.
+Protocol on stdin, per problem: one JSON payload line, then one line per host message (``ready``, ``reply``,
+``timeout``, ``died``). On stdout: ``load`` / ``syntax_error`` once, ``call`` per candidate call, ``test`` per
+test, ``done``. After ``done`` the judge waits for the next problem's payload (the host keeps a few judges warm).
 """
+
+import ast
+import json
+import operator
+import os
+import resource
+import signal
+import sys
+import traceback
+
+_OUT = [1]  # the protocol's private copy of stdout (set in _judge_main)
+
+
+def emit(**message):
+    os.write(_OUT[0], (json.dumps(message) + "\n").encode("utf-8", "replace"))
+
+
+def receive():
+    line = sys.stdin.buffer.readline()
+    if not line:
+        os._exit(0)  # the host is gone
+    return json.loads(line)
+
+
+def short(text, n=300):
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
+def describe(err):
+    lines = "".join(traceback.format_exception_only(type(err), err)).strip().splitlines()
+    return short(lines[-1] if lines else type(err).__name__)
+
+
+class TrustedCodeTimeout(BaseException):
+    """The test's own code used up its CPU time in the judge."""
+
+
+def _on_cpu_alarm(signum, frame):
+    raise TrustedCodeTimeout()
+
+
+def arm(seconds):  # CPU time of THIS process: waiting for the sandbox does not count
+    signal.setitimer(signal.ITIMER_VIRTUAL, seconds)
+
+
+class CandidateError(Exception):
+    """The function under test raised (in the sandbox) or its reply was not plain data."""
+
+
+class CandidateStopped(BaseException):
+    """The call timed out or the sandbox died: not catchable by a test's ``except Exception``."""
+
+    def __init__(self, status, why):
+        super().__init__(why)
+        self.status, self.why = status, why
 
 
 def _judge_main():
-    import ast
-    import json
-    import operator
-    import os
-    import resource
-    import signal
-    import sys
-    import traceback
-
-    stdin = sys.stdin.buffer
-    payload = json.loads(stdin.readline())
-    mib = 1024 * 1024
-    resource.setrlimit(resource.RLIMIT_AS, (payload["memory_mb"] * mib,) * 2)
+    config = json.loads(sys.argv[1])
+    resource.setrlimit(resource.RLIMIT_AS, (config["memory_mb"] * 1024 * 1024,) * 2)
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    out_fd = os.dup(1)
+    _OUT[0] = os.dup(1)
     null = os.open(os.devnull, os.O_WRONLY)
     os.dup2(null, 1)  # prints in the test code must not be taken for protocol lines
-
-    def emit(**message):
-        os.write(out_fd, (json.dumps(message) + "\n").encode("utf-8", "replace"))
-
-    def receive():
-        line = stdin.readline()
+    signal.signal(signal.SIGVTALRM, _on_cpu_alarm)
+    # One problem per payload line: a warm judge is given several problems one after the other, each judged in a
+    # fresh namespace.
+    while True:
+        line = sys.stdin.buffer.readline()
         if not line:
-            os._exit(0)  # the host is gone
-        return json.loads(line)
+            return
+        judge_one(json.loads(line))
 
-    def short(text, n=300):
-        return text if len(text) <= n else text[: n - 3] + "..."
 
-    def describe(err):
-        lines = "".join(traceback.format_exception_only(type(err), err)).strip().splitlines()
-        return short(lines[-1] if lines else type(err).__name__)
-
+def judge_one(payload):
     # --- how the solution loaded -------------------------------------------------------------------------------
     first = receive()
     info = {}
@@ -76,16 +115,6 @@ def _judge_main():
         dead_why = None
 
     # --- the proxy -------------------------------------------------------------------------------------------
-    class CandidateError(Exception):
-        """The function under test raised (in the sandbox) or its reply was not plain data."""
-
-    class CandidateStopped(BaseException):
-        """The call timed out or the sandbox died: not catchable by a test's ``except Exception``."""
-
-        def __init__(self, status, why):
-            super().__init__(why)
-            self.status, self.why = status, why
-
     per_call = payload["per_test_timeout"]
     returned = []
     counter = [0]
@@ -119,17 +148,6 @@ def _judge_main():
         return value
 
     # --- the tests ---------------------------------------------------------------------------------------------
-    class TrustedCodeTimeout(BaseException):
-        pass
-
-    def on_cpu_alarm(signum, frame):
-        raise TrustedCodeTimeout()
-
-    signal.signal(signal.SIGVTALRM, on_cpu_alarm)
-
-    def arm(seconds):  # CPU time of THIS process: waiting for the sandbox does not count
-        signal.setitimer(signal.ITIMER_VIRTUAL, seconds)
-
     namespace = {"__name__": "__tests__"}
     names = payload["names"]
     for name in names:
@@ -188,6 +206,7 @@ def _judge_main():
             arm(0)
         emit(op="test", index=index, status=status, message=message, got=got)
     emit(op="done")
+
 
 
 _judge_main()

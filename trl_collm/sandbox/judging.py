@@ -20,6 +20,7 @@ import ast
 import json
 import math
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -27,7 +28,7 @@ from . import programs
 from .bwrap import Limits, start
 from .process import EOF, TIMEOUT, TOO_LONG, Child
 
-__all__ = ["TestOutcome", "TestReport", "run_tests", "split_tests"]
+__all__ = ["TestOutcome", "TestReport", "close_judges", "run_tests", "split_tests"]
 
 MAX_REPLY_BYTES = 1 << 20  # one reply line of the sandbox
 _JUDGE_LINE_BYTES = 4 << 20
@@ -231,8 +232,47 @@ class _Sandbox:
         self.child = None
 
 
-def _judge_argv() -> list[str]:
-    return [sys.executable, "-I", "-S", "-B", "-c", programs.source("judge")]
+class _Judges:
+    """Idle judges kept for the next ``run_tests``: a judge runs only trusted text and starts every problem in a
+    fresh namespace, so reusing one is safe; it saves a Python start per problem. A judge that misbehaved (time-out,
+    error, unread output) is never reused, and each retires after ``max_uses`` problems."""
+
+    def __init__(self, max_idle: int = 4, max_uses: int = 200):
+        self.max_idle, self.max_uses = max_idle, max_uses
+        self.idle: list[tuple[int, Child, int]] = []  # (memory_mb, judge, problems judged)
+        self.lock = threading.Lock()
+
+    def take(self, memory_mb: int) -> tuple[Child, int]:
+        with self.lock:
+            for i, (mb, judge, uses) in enumerate(self.idle):
+                if mb == memory_mb:
+                    del self.idle[i]
+                    if judge.alive():
+                        return judge, uses
+                    judge.kill()
+                    break
+        argv = [sys.executable, "-I", "-S", "-B", "-c", programs.source("judge"), json.dumps({"memory_mb": memory_mb})]
+        return Child(argv), 0
+
+    def give(self, memory_mb: int, judge: Child, uses: int) -> None:
+        with self.lock:
+            if uses < self.max_uses and len(self.idle) < self.max_idle and judge.alive():
+                self.idle.append((memory_mb, judge, uses))
+                return
+        judge.kill()
+
+    def close(self) -> None:
+        with self.lock:
+            idle, self.idle = self.idle, []
+        for _, judge, _ in idle:
+            judge.kill()
+
+
+_JUDGES = _Judges()
+
+
+def close_judges() -> None:
+    _JUDGES.close()
 
 
 def run_tests(
@@ -269,13 +309,13 @@ def run_tests(
     limits = Limits(memory_mb=int(memory_mb), tmp_mb=int(tmp_mb), cpu_seconds=math.ceil(timeout) + 1)
     payload = {"trusted_setup": trusted_setup or "", "setup": setup, "units": units, "names": names,
                "entry_point": entry_point, "per_test_timeout": float(per_test_timeout),
-               "setup_cpu_seconds": float(max(per_test_timeout, 1.0)), "memory_mb": int(judge_memory_mb)}
+               "setup_cpu_seconds": float(max(per_test_timeout, 1.0))}
     box = _Sandbox(code, entry_point, limits, report)
-    judge = None
+    judge, uses = None, 0
     done = False
     try:
         box.start()  # the sandbox first: it is the slower to start, the judge starts meanwhile
-        judge = Child(_judge_argv())
+        judge, uses = _JUDGES.take(int(judge_memory_mb))
         judge.send((json.dumps(payload) + "\n").encode("utf-8", "surrogatepass"))
         judge.send((json.dumps(box.ready_line(min(deadline, time.monotonic() + per_test_timeout))) + "\n").encode())
         while True:
@@ -309,7 +349,10 @@ def run_tests(
     finally:
         box.stop()
         if judge is not None:
-            judge.kill()
+            if done and report.judge_error is None:
+                _JUDGES.give(int(judge_memory_mb), judge, uses + 1)
+            else:
+                judge.kill()
     report.duration = time.monotonic() - begin
     if report.syntax_error is not None:
         for o in outcomes:
