@@ -3,7 +3,8 @@
 Figures (each for this sandbox and, with ``--old REV``, for REV's ``trl_collm/sandbox.py``, measured alternately):
 
 1. latency: one HumanEval problem judged with its correct (canonical) solution, ``run_tests`` serially over the
-   first ``--problems`` problems; median and 90th percentile;
+   first ``--problems`` problems; median and 90th percentile. "new" is the steady state of a trainer (a warm
+   sandbox and judge wait for the call); "new, cold" empties the warm pools before every call;
 2. throughput: all 164 problems with 2 concurrent workers (threads, as ``CodeEnv.step_batch`` runs them);
 3. with ``--iteration``: the code task's training iteration (tiny offline models, CoLLM-CC preset, batch 8, 2
    turns), where the env scores scripted code instead of the random models' text, so that every episode runs the
@@ -67,7 +68,13 @@ def judges(old):
                         trusted_setup=preamble, timeout=30.0, per_test_timeout=3.0)
         return rep.passed, rep.total
 
-    out = {"new": new_judge}
+    def cold_judge(row):  # no warm sandbox or judge: both start inside the measured call
+        from trl_collm.sandbox import shutdown
+
+        shutdown()
+        return new_judge(row)
+
+    out = {"new": new_judge, "new, cold": cold_judge}
     if old is not None:
         def old_judge(row):
             rep = old.run_tests(row["prompt"] + row["canonical_solution"], row["test"], entry_point=row["entry_point"],
@@ -95,6 +102,8 @@ def latency(judge_fns, rows, repeats: int) -> dict:
 def throughput(judge_fns, rows, workers: int) -> dict:
     out = {}
     for name, judge in judge_fns.items():
+        if name.endswith("cold"):
+            continue  # emptying the shared pool from 2 threads at once would measure the race, not the sandbox
         t0 = time.perf_counter()
         with ThreadPoolExecutor(max_workers=workers) as pool:
             results = list(pool.map(judge, rows))
@@ -205,9 +214,10 @@ def main(argv=None) -> int:
     print("| sandbox | latency median ms | p90 ms | problems/s, 2 workers | correct solutions not passing |")
     print("|---|---|---|---|---|")
     for name in fns:
-        lat, thr = result["latency"][name], result["throughput"][name]
-        print(f"| {name} | {lat['median_ms']:.0f} | {lat['p90_ms']:.0f} | {thr['problems_per_s']:.1f} | "
-              f"{lat['not_all_passed'] + thr['not_all_passed']} |")
+        lat, thr = result["latency"][name], result["throughput"].get(name)
+        rate = f"{thr['problems_per_s']:.1f}" if thr else "-"
+        print(f"| {name} | {lat['median_ms']:.0f} | {lat['p90_ms']:.0f} | {rate} | "
+              f"{lat['not_all_passed'] + (thr['not_all_passed'] if thr else 0)} |")
     if "old" in fns:
         ratio = result["latency"]["new"]["median_ms"] / result["latency"]["old"]["median_ms"]
         print(f"latency new / old: {ratio:.2f}x")
