@@ -561,6 +561,15 @@ sample("read-trainer-environ", "secrets", "script", """
             pass
     print(out)
     """, printed("[]"))
+sample("installed-packages-hidden", "secrets", "script", """
+    import os, sys
+    found = []
+    for d in ('/usr/lib/python3/dist-packages', os.path.join(sys.prefix, 'lib', 'python%d.%d' % sys.version_info[:2],
+                                                           'site-packages')):
+        if os.path.isdir(d):
+            found += os.listdir(d)
+    print(found)
+    """, printed("[]"))
 sample("search-visible-files", "secrets", "script", """
     import os
     found = []

@@ -82,6 +82,21 @@ def interpreter() -> tuple[str, str]:
     return python, prefix
 
 
+@functools.cache
+def _site_dirs(prefix: str) -> tuple[str, ...]:
+    """The installation's package directories (site-packages, Debian's dist-packages) that exist."""
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    candidates = [os.path.join(prefix, "lib", version, "site-packages"), os.path.join(prefix, "lib", "python3",
+                  "dist-packages"), os.path.join(prefix, "local", "lib", version, "dist-packages"),
+                  "/usr/lib/python3/dist-packages", f"/usr/local/lib/{version}/dist-packages",
+                  f"/usr/local/lib/{version}/site-packages"]
+    seen = []
+    for path in candidates:
+        if os.path.isdir(path) and path not in seen:
+            seen.append(path)
+    return tuple(seen)
+
+
 def _system_binds() -> list[str]:
     """/usr read-only, and the merged-/usr symlinks (or directories) the dynamic loader needs."""
     args = ["--ro-bind", "/usr", "/usr"]
@@ -111,6 +126,9 @@ def command(limits: Limits, *, seccomp_fd: int | None, info_fd: int | None = Non
     if not (prefix == "/usr" or prefix.startswith("/usr/")):
         args += ["--ro-bind", prefix, prefix]
     mib = 1024 * 1024
+    # Installed packages are not needed (-S) and are none of the sandbox's business: empty read-only dirs on top.
+    for path in _site_dirs(prefix):
+        args += ["--size", "4096", "--tmpfs", path, "--remount-ro", path]
     args += ["--dev", "/dev",
              "--size", str(limits.tmp_mb * mib), "--perms", "1777", "--tmpfs", "/tmp",
              "--size", str(limits.shm_mb * mib), "--perms", "1777", "--tmpfs", "/dev/shm",
