@@ -46,7 +46,7 @@ def test_codec_distinguishes_containers_and_nan():
     assert codec.loads(codec.dumps((1, 2))) != [1, 2]
     assert codec.loads(codec.dumps([1, 2])) == [1, 2]
     nan = codec.loads(codec.dumps(float("nan")))
-    assert isinstance(nan, float) and nan != nan
+    assert isinstance(nan, float) and nan != nan  # noqa: PLR0124 - nan is the point
     assert "NaN" not in codec.dumps([float("nan")])  # travels as a tag, not a non-standard literal
 
 
@@ -327,3 +327,15 @@ def test_unsafe_opt_out_is_explicit_and_loud(monkeypatch, fresh_probe):
 def test_root_trainer_runs_code_as_nobody_in_the_sandbox():
     r = run("import os\nprint(os.getuid(), os.getgid(), os.getgroups())\n")
     assert r.stdout.split()[:2] == ["65534", "65534"]
+
+
+@needs_sandbox
+def test_judge_side_cpu_limit_and_no_reuse_after_it():
+    """A test whose own (trusted) code spins on a returned value runs out of CPU time in the judge; the rest of the
+    problem is reported as not run and that judge is retired (a reply could be out of step)."""
+    tests = ["assert all(x >= 0 for x in range(f()))", "assert f() == 10**8"]
+    rep = run_tests("def f():\n    return 10**8\n", tests, entry_point="f", per_test_timeout=0.3, timeout=20)
+    assert rep.outcomes[0].status == "timeout" and "ran out of time" in rep.outcomes[0].message
+    assert rep.outcomes[1].status == "not_run" and "earlier test ran out of time" in rep.outcomes[1].message
+    assert rep.judge_error is None and not rep.timed_out
+    assert run_tests("def f():\n    return 10**8\n", tests[1:], entry_point="f").all_passed

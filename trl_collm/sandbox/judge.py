@@ -170,6 +170,7 @@ def judge_one(payload):
            ast.Gt: operator.gt, ast.GtE: operator.ge, ast.Is: operator.is_, ast.IsNot: operator.is_not,
            ast.In: lambda a, b: a in b, ast.NotIn: lambda a, b: a not in b}
 
+    dirty = [False]
     for index, src in enumerate(payload["units"]):
         returned.clear()
         status, message, got = "passed", "", None
@@ -192,7 +193,10 @@ def judge_one(payload):
         except CandidateStopped as err:
             status, message = err.status, f"{summary}  # {err.why}"
         except TrustedCodeTimeout:
+            # It may have struck between a call and its reply: later replies could be out of step, so the rest
+            # of this problem is not run and this judge is not reused.
             status, message = "timeout", f"{summary}  # the test itself ran out of time"
+            dirty[0] = True
         except CandidateError as err:
             status, message = "error", f"{summary}  # raised {err}"
         except AssertionError as err:
@@ -205,7 +209,13 @@ def judge_one(payload):
         finally:
             arm(0)
         emit(op="test", index=index, status=status, message=message, got=got)
-    emit(op="done")
+        if dirty[0]:
+            for later in range(index + 1, len(payload["units"])):
+                last_line = payload["units"][later].splitlines()[-1]
+                emit(op="test", index=later, status="not_run", got=None,
+                     message=f"{last_line}  # not run: an earlier test ran out of time")
+            break
+    emit(op="done", reusable=not dirty[0])
 
 
 

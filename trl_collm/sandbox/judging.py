@@ -312,7 +312,7 @@ def run_tests(
                "setup_cpu_seconds": float(max(per_test_timeout, 1.0))}
     box = _Sandbox(code, entry_point, limits, report)
     judge, uses = None, 0
-    done = False
+    done = reusable = False
     try:
         box.start()  # the sandbox first: it is the slower to start, the judge starts meanwhile
         judge, uses = _JUDGES.take(int(judge_memory_mb))
@@ -326,8 +326,12 @@ def run_tests(
             if isinstance(line, str):
                 report.judge_error = f"the judge stopped ({line}): {judge.stderr_text()[-2000:]}"
                 break
-            msg = json.loads(line)
-            op = msg["op"]
+            try:
+                msg = json.loads(line)
+                op = msg["op"]
+            except (ValueError, TypeError, KeyError) as err:
+                report.judge_error = f"unreadable judge output ({err}): {line[:200]!r}"
+                break
             if op == "call":
                 answer = box.call(msg["msg"], per_test_timeout, deadline)
                 if answer["kind"] == "timeout" and time.monotonic() >= deadline:
@@ -344,12 +348,12 @@ def run_tests(
             elif op == "syntax_error":
                 report.syntax_error = {k: msg.get(k) for k in ("line", "offset", "message", "text")}
             elif op == "done":
-                done = True
+                done, reusable = True, msg.get("reusable", False)
                 break
     finally:
         box.stop()
         if judge is not None:
-            if done and report.judge_error is None:
+            if done and reusable and report.judge_error is None:
                 _JUDGES.give(int(judge_memory_mb), judge, uses + 1)
             else:
                 judge.kill()
