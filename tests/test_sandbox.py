@@ -320,6 +320,7 @@ def test_unsafe_opt_out_is_explicit_and_loud(monkeypatch, fresh_probe):
     monkeypatch.setenv(bwrap.UNSAFE_ENV, "yes")  # only the exact value "1" opts out
     assert not sandbox.unsafe_mode()
     bwrap._warn_unsafe.cache_clear()
+    sandbox.shutdown()  # no unsandboxed process stays warm for later tests
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="checks the root case")
