@@ -361,3 +361,19 @@ def test_bench_sandbox_smoke(tmp_path):
     assert data["latency"]["new"]["n"] == 3 and data["latency"]["new"]["not_all_passed"] == 0
     assert data["throughput"]["new"]["not_all_passed"] == 0 and data["throughput"]["new"]["problems_per_s"] > 0
     assert "| new |" in res.stdout
+
+
+def test_a_sandbox_that_fails_to_start_is_loud(monkeypatch, tmp_path):
+    """bubblewrap failing at run time (not the solution) raises instead of scoring the attempt 0."""
+    fake = tmp_path / "bwrap"
+    fake.write_text("#!/bin/sh\necho 'bwrap: Creating new namespace failed: Resource temporarily unavailable' >&2\n"
+                    "exit 1\n")
+    fake.chmod(0o755)
+    sandbox.shutdown()  # no warm sandbox started by the real bwrap
+    monkeypatch.setattr(bwrap.shutil, "which", lambda name: str(fake))
+    try:
+        with pytest.raises(SandboxUnavailable, match="Resource temporarily unavailable"):
+            run_tests("def f():\n    return 1\n", ["assert f() == 1"], entry_point="f")
+    finally:
+        monkeypatch.undo()
+        sandbox.shutdown()  # the pool may have started fakes meanwhile

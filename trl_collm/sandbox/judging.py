@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 
 from . import programs
-from .bwrap import Limits, start
+from .bwrap import Limits, SandboxUnavailable, start
 from .process import EOF, TIMEOUT, TOO_LONG, Child
 
 __all__ = ["TestOutcome", "TestReport", "close_judges", "run_tests", "split_tests"]
@@ -189,6 +189,12 @@ class _Sandbox:
             self.stop()
             return {"kind": "timeout"}
         if isinstance(line, str):
+            self.child.wait(time.monotonic() + 1.0)
+            stderr = self.child.stderr_text().strip()
+            if stderr.startswith("bwrap:"):
+                # bubblewrap itself failed (the solution cannot write there): never a silent zero reward.
+                self.stop()
+                raise SandboxUnavailable(f"a sandbox failed to start: {stderr.splitlines()[0][:300]}")
             why = self.stop_and_explain(line)
             return {"kind": "died", "why": why}
         self.loaded = True
