@@ -10,9 +10,11 @@ are alive and not stopped, the shared directory (mode 1777, like /tmp) and its c
 (a fake ``~/.cache/huggingface/token``, the trainer's environment, a project file, the test data) appears in
 anything a sample got back, and nothing was left in the host's /tmp or /dev/shm.
 
-Safety: samples reach the host only through paths and pids created by this test (a temp dir with canaries, the
-driver and its bystander); fork bombs and memory bombs run only under the sandbox's caps, and every sample would
-fail harmlessly (a refused system call, a missing path) even without the sandbox's namespaces.
+Safety: every sample starts with GUARD, which refuses to run the attack (and so fails this test) unless it finds
+itself isolated: PID 1 of its own PID namespace, no /proc, no /etc, no /home. So even a broken sandbox never lets
+`kill(-1)`, `rmtree('/tmp')`, a disk filler or a write to the interpreter loose on this machine. Targets on the host
+are only paths and processes this test created (a temp dir with canaries, the driver and its bystander), and
+memory bombs run under the kernel limits that the runner sets before any sample code.
 """
 
 from __future__ import annotations
@@ -47,6 +49,13 @@ pytestmark = pytest.mark.skipif(_UNAVAILABLE is not None, reason=f"no sandbox on
 # ----------------------------------------------------------------------------------------------------------------
 # The samples. Placeholders (__NAME__) are filled in by the fixture (paths, secrets, ports) or by the driver (pids).
 # ----------------------------------------------------------------------------------------------------------------
+
+GUARD = (
+    "import os as _trl_os\n"
+    "if not (_trl_os.getpid() == 1 and not any(map(_trl_os.path.exists, ('/proc', '/etc', '/home')))):\n"
+    "    raise SystemExit('NOT ISOLATED: the attack refused to run')\n"
+    "del _trl_os\n"
+)
 
 ADD_TESTS = textwrap.dedent('''
     def check(candidate):
@@ -791,7 +800,7 @@ def _samples_json(host: Host, rows: dict) -> list[dict]:
             preamble, _ = _split_prompt(row["prompt"], row["entry_point"])
             code = row["prompt"] + row["canonical_solution"] if s.get("canonical") else preamble + "\n" + s["code"]
             item.update(code=code, tests=row["test"], entry_point=row["entry_point"], trusted_setup=preamble)
-        item["code"] = host.fill(item["code"])
+        item["code"] = GUARD + host.fill(item["code"])
         out.append(item)
     return out
 
@@ -854,6 +863,8 @@ def sample_failures(r: dict, s: dict) -> list[str]:
     if out is None:
         return ["never ran"]
     problems = []
+    if "NOT ISOLATED" in json.dumps(out):
+        problems.append("the sample found itself outside an isolated sandbox (it refused to attack)")
     if r["secret"] in json.dumps(out):
         problems.append("a secret reached what the sandbox returned")
     if s["mode"] == "tests" and out["judge_error"] is not None:
