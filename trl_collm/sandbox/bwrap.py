@@ -122,17 +122,25 @@ def command(limits: Limits, *, seccomp_fd: int | None, info_fd: int | None = Non
             "--as-pid-1",
             "--clearenv", "--cap-drop", "ALL", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
             "--hostname", "sandbox"]
-    args += _system_binds()
-    if not (prefix == "/usr" or prefix.startswith("/usr/")):
-        args += ["--ro-bind", prefix, prefix]
     mib = 1024 * 1024
+    args += _system_binds()
+    args += ["--dev", "/dev",
+             "--size", str(limits.tmp_mb * mib), "--perms", "1777", "--tmpfs", "/tmp",
+             "--size", str(limits.shm_mb * mib), "--perms", "1777", "--tmpfs", "/dev/shm"]
+
+    def inside(path: str, top: str) -> bool:
+        return path == top or path.startswith(top.rstrip("/") + "/")
+
+    # The interpreter after the tmpfs mounts, so that one installed under /tmp is not hidden by the private /tmp.
+    if not inside(prefix, "/usr"):
+        args += ["--ro-bind", prefix, prefix]
+    bin_dir = os.path.dirname(python)
+    if not (inside(bin_dir, "/usr") or inside(bin_dir, prefix)):  # e.g. a venv made with --copies
+        args += ["--ro-bind", bin_dir, bin_dir]
     # Installed packages are not needed (-S) and are none of the sandbox's business: empty read-only dirs on top.
     for path in _site_dirs(prefix):
         args += ["--size", "4096", "--tmpfs", path, "--remount-ro", path]
-    args += ["--dev", "/dev",
-             "--size", str(limits.tmp_mb * mib), "--perms", "1777", "--tmpfs", "/tmp",
-             "--size", str(limits.shm_mb * mib), "--perms", "1777", "--tmpfs", "/dev/shm",
-             "--remount-ro", "/dev",  # device nodes still work; no files in /dev's own (uncapped) tmpfs
+    args += ["--remount-ro", "/dev",  # device nodes still work; no files in /dev's own (uncapped) tmpfs
              "--remount-ro", "/",
              "--chdir", "/tmp",
              "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/tmp", "--setenv", "LANG", "C.UTF-8"]
