@@ -1,8 +1,8 @@
 """The bubblewrap command line of one sandbox, the start-up check, and the explicit opt-out for trusted code.
 
 Each sandbox is a fresh ``bwrap`` (https://github.com/containers/bubblewrap) with every namespace it supports
-(user, PID, network, IPC, UTS, cgroup, mount), nothing of the host but read-only views of ``/usr`` and the
-interpreter's installation, private size-capped ``tmpfs`` mounts at ``/tmp`` and ``/dev/shm`` (everything else is
+(user, PID, network, IPC, UTS, cgroup, mount), nothing of the host but read-only views of the system libraries
+(``/usr/lib*``) and the interpreter's installation, private size-capped ``tmpfs`` mounts at ``/tmp`` and ``/dev/shm`` (everything else is
 read-only), a cleared environment, no capabilities, no further user namespaces, a new session (no terminal
 injection), ``--die-with-parent``, and the seccomp filter of ``seccomp.py``. Why bubblewrap and not nsjail or
 firejail: docs/security.md.
@@ -98,9 +98,14 @@ def _site_dirs(prefix: str) -> tuple[str, ...]:
 
 
 def _system_binds() -> list[str]:
-    """/usr read-only, and the merged-/usr symlinks (or directories) the dynamic loader needs."""
-    args = ["--ro-bind", "/usr", "/usr"]
-    for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+    """The system's libraries read-only (the C library, the dynamic loader, what Python's extension modules link
+    against, and Debian's stdlib under /usr/lib/pythonX.Y), with the merged-/usr symlinks the loader needs. Not the
+    rest of /usr (programs, /usr/local, /usr/share)."""
+    args = []
+    for lib in ("/usr/lib", "/usr/lib32", "/usr/lib64", "/usr/libx32"):
+        if os.path.isdir(lib) and not os.path.islink(lib):
+            args += ["--ro-bind", lib, lib]
+    for top in ("/lib", "/lib32", "/lib64", "/libx32"):
         if os.path.islink(top):
             args += ["--symlink", os.readlink(top), top]
         elif os.path.isdir(top):
@@ -131,15 +136,18 @@ def command(limits: Limits, *, seccomp_fd: int | None, info_fd: int | None = Non
     def inside(path: str, top: str) -> bool:
         return path == top or path.startswith(top.rstrip("/") + "/")
 
-    # The interpreter after the tmpfs mounts, so that one installed under /tmp is not hidden by the private /tmp.
-    if not inside(prefix, "/usr"):
+    # The interpreter after the tmpfs mounts, so that one installed under /tmp is not hidden by the private /tmp:
+    # its installation (a distribution's Python in /usr has its standard library in /usr/lib, bound above), and its
+    # binary when that lies elsewhere (/usr/bin/python3.X, a venv made with --copies).
+    if prefix != "/usr" and not inside(prefix, "/usr/lib"):
         args += ["--ro-bind", prefix, prefix]
-    bin_dir = os.path.dirname(python)
-    if not (inside(bin_dir, "/usr") or inside(bin_dir, prefix)):  # e.g. a venv made with --copies
-        args += ["--ro-bind", bin_dir, bin_dir]
+    if not (inside(python, prefix) and prefix != "/usr") and not inside(python, "/usr/lib"):
+        args += ["--ro-bind", python, python]
     # Installed packages are not needed (-S) and are none of the sandbox's business: empty read-only dirs on top.
+    bound = ["/usr/lib", "/usr/lib64"] + ([prefix] if prefix != "/usr" else [])
     for path in _site_dirs(prefix):
-        args += ["--size", "4096", "--tmpfs", path, "--remount-ro", path]
+        if any(inside(path, top) for top in bound):
+            args += ["--size", "4096", "--tmpfs", path, "--remount-ro", path]
     args += ["--remount-ro", "/dev",  # device nodes still work; no files in /dev's own (uncapped) tmpfs
              "--remount-ro", "/",
              "--chdir", "/tmp",
