@@ -10,24 +10,20 @@ firejail: docs/security.md.
 
 from __future__ import annotations
 
-import atexit
 import functools
 import json
 import logging
 import os
-import queue
 import shutil
 import subprocess
 import sys
-import threading
 import warnings
 from dataclasses import dataclass
 
 from . import programs, seccomp
 from .process import Child
 
-__all__ = ["Limits", "SandboxUnavailable", "command", "isolation", "require_sandbox", "shutdown", "start",
-           "unsafe_mode"]
+__all__ = ["Limits", "SandboxUnavailable", "command", "isolation", "require_sandbox", "spawn", "unsafe_mode"]
 
 logger = logging.getLogger(__name__)
 
@@ -208,7 +204,8 @@ def isolation() -> tuple[str, ...]:
     return ("bwrap", "userns", "pidns", "netns", "ipcns", "mountns", "seccomp", "rlimits")
 
 
-def _spawn(limits: Limits) -> Child:
+def spawn(limits: Limits) -> Child:
+    """A new sandbox running the runner program; it waits for its request line on stdin."""
     cfg = json.dumps({"memory_mb": limits.memory_mb, "file_mb": limits.tmp_mb, "open_files": limits.open_files,
                       "cpu_seconds": limits.cpu_seconds})
     if unsafe_mode():
@@ -226,85 +223,3 @@ def _spawn(limits: Limits) -> Child:
         os.close(fd)
         os.close(info_write)
 
-
-class _WarmPool:
-    """Sandboxes started ahead of need, so that a call does not wait for bubblewrap and Python to start.
-
-    A warm sandbox has received nothing yet: it is exactly what a cold start would give, only earlier. After each
-    ``take`` a background thread starts a replacement (at most ``per_key`` idle per set of limits, for the
-    ``max_keys`` sets used last). They are started from that long-lived thread on purpose: bwrap's
-    ``--die-with-parent`` fires when the *thread* that started it ends, and the code task's worker threads end
-    after every batch.
-    """
-
-    def __init__(self, per_key: int = 2, max_keys: int = 2):
-        self.per_key, self.max_keys = per_key, max_keys
-        self.idle: dict[tuple, list[Child]] = {}
-        self.lock = threading.Lock()
-        self.requests: queue.SimpleQueue = queue.SimpleQueue()
-        self.thread: threading.Thread | None = None
-
-    def take(self, limits: Limits) -> Child:
-        key = (limits, unsafe_mode())
-        child = None
-        with self.lock:
-            waiting = self.idle.pop(key, [])
-            while waiting and child is None:
-                c = waiting.pop(0)
-                if c.alive():
-                    child = c
-                else:
-                    c.kill()
-            self.idle[key] = waiting  # re-inserted last: the most recently used set of limits
-            if self.thread is None:
-                self.thread = threading.Thread(target=self._refill, name="trl-collm-sandbox-pool", daemon=True)
-                self.thread.start()
-        self.requests.put(key)
-        return child if child is not None else _spawn(limits)
-
-    def _refill(self) -> None:
-        while True:
-            key = self.requests.get()
-            if key is None:
-                return
-            with self.lock:
-                if len(self.idle.get(key, [])) >= self.per_key or key[1] != unsafe_mode():
-                    continue
-            try:
-                child = _spawn(key[0])
-            except OSError as err:  # the next take() starts one itself and reports the error there
-                logger.debug("sandbox pool: could not start a sandbox: %s", err)
-                continue
-            evicted = []
-            with self.lock:
-                self.idle.setdefault(key, []).append(child)
-                while len(self.idle) > self.max_keys:
-                    evicted += self.idle.pop(next(iter(self.idle)))
-            for c in evicted:
-                c.kill()
-
-    def close(self) -> None:
-        with self.lock:
-            idle = [c for waiting in self.idle.values() for c in waiting]
-            self.idle = {}
-        for c in idle:
-            c.kill()
-
-
-_POOL = _WarmPool()
-
-
-def start(limits: Limits) -> Child:
-    """A sandbox running the runner program, waiting for its request line on stdin (a warm one when available)."""
-    return _POOL.take(limits)
-
-
-def shutdown() -> None:
-    """End the idle sandboxes and judges kept warm (also done at exit)."""
-    _POOL.close()
-    from .judging import close_judges
-
-    close_judges()
-
-
-atexit.register(shutdown)

@@ -8,7 +8,8 @@ Three processes per call, none of them the trainer:
   problem's setup, the tests' setup and asserts; its ``candidate`` is a proxy whose calls travel as plain data;
 * this **host** side starts both, carries call requests and replies between them (a line per message, capped in
   size), enforces the per-call and total time limits, restarts a sandbox that timed out or died so the next test
-  still runs, and kills both at the end. The host never parses a sandbox's reply: the judge does.
+  still runs, kills the sandbox at the end and keeps a judge that behaved for the next call (``pool.py``). The host
+  never parses a sandbox's reply: the judge does.
 
 Replies the sandbox makes up, exit codes, printed lines, signals or patches inside the sandbox can at most claim a
 return value; whether it passes is decided by the judge's own comparison.
@@ -19,16 +20,14 @@ from __future__ import annotations
 import ast
 import json
 import math
-import sys
-import threading
 import time
 from dataclasses import dataclass, field
 
-from . import programs
-from .bwrap import Limits, SandboxUnavailable, start
+from .bwrap import Limits, SandboxUnavailable
+from .pool import JUDGES, start
 from .process import EOF, TIMEOUT, TOO_LONG, Child
 
-__all__ = ["TestOutcome", "TestReport", "close_judges", "run_tests", "split_tests"]
+__all__ = ["TestOutcome", "TestReport", "run_tests", "split_tests"]
 
 MAX_REPLY_BYTES = 1 << 20  # one reply line of the sandbox
 _JUDGE_LINE_BYTES = 4 << 20
@@ -238,49 +237,6 @@ class _Sandbox:
         self.child = None
 
 
-class _Judges:
-    """Idle judges kept for the next ``run_tests``: a judge runs only trusted text and starts every problem in a
-    fresh namespace, so reusing one is safe; it saves a Python start per problem. A judge that misbehaved (time-out,
-    error, unread output) is never reused, and each retires after ``max_uses`` problems."""
-
-    def __init__(self, max_idle: int = 4, max_uses: int = 200):
-        self.max_idle, self.max_uses = max_idle, max_uses
-        self.idle: list[tuple[int, Child, int]] = []  # (memory_mb, judge, problems judged)
-        self.lock = threading.Lock()
-
-    def take(self, memory_mb: int) -> tuple[Child, int]:
-        with self.lock:
-            for i, (mb, judge, uses) in enumerate(self.idle):
-                if mb == memory_mb:
-                    del self.idle[i]
-                    if judge.alive():
-                        return judge, uses
-                    judge.kill()
-                    break
-        argv = [sys.executable, "-I", "-S", "-B", "-c", programs.source("judge"), json.dumps({"memory_mb": memory_mb})]
-        return Child(argv), 0
-
-    def give(self, memory_mb: int, judge: Child, uses: int) -> None:
-        with self.lock:
-            if uses < self.max_uses and len(self.idle) < self.max_idle and judge.alive():
-                self.idle.append((memory_mb, judge, uses))
-                return
-        judge.kill()
-
-    def close(self) -> None:
-        with self.lock:
-            idle, self.idle = self.idle, []
-        for _, judge, _ in idle:
-            judge.kill()
-
-
-_JUDGES = _Judges()
-
-
-def close_judges() -> None:
-    _JUDGES.close()
-
-
 def run_tests(
     code: str,
     tests: list[str] | str,
@@ -321,7 +277,7 @@ def run_tests(
     done = reusable = False
     try:
         box.start()  # the sandbox first: it is the slower to start, the judge starts meanwhile
-        judge, uses = _JUDGES.take(int(judge_memory_mb))
+        judge, uses = JUDGES.take(int(judge_memory_mb))
         judge.send((json.dumps(payload) + "\n").encode("utf-8", "surrogatepass"))
         judge.send((json.dumps(box.ready_line(min(deadline, time.monotonic() + per_test_timeout))) + "\n").encode())
         while True:
@@ -360,7 +316,7 @@ def run_tests(
         box.stop()
         if judge is not None:
             if done and reusable and report.judge_error is None:
-                _JUDGES.give(int(judge_memory_mb), judge, uses + 1)
+                JUDGES.give(int(judge_memory_mb), judge, uses + 1)
             else:
                 judge.kill()
     report.duration = time.monotonic() - begin

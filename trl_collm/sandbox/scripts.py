@@ -10,7 +10,8 @@ import signal
 import time
 from dataclasses import dataclass
 
-from .bwrap import Limits, isolation, start
+from .bwrap import Limits, isolation
+from .pool import start
 
 __all__ = ["SandboxResult", "run_python"]
 
