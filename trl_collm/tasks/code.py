@@ -575,7 +575,7 @@ _ENV_OPTIONS = {
     "num_turns": "turns per episode (default 2)",
     "reward_mode": "'delta' (default: turn 2 pays the change in score, return = final score) or 'absolute'",
     "timeout": "sandbox wall-clock seconds per attempt (default 10)",
-    "per_test_timeout": "seconds per test (default 2)",
+    "per_test_timeout": "seconds per call of the function under test (default 2)",
     "memory_mb": "sandbox memory cap in MiB (default 512; see docs/security.md)",
     "max_workers": "sandboxes run in parallel across a batch (default 8)",
 }
