@@ -1,11 +1,11 @@
 """The bubblewrap command line of one sandbox, the start-up check, and the explicit opt-out for trusted code.
 
-Each sandbox is a fresh ``bwrap`` (https://github.com/containers/bubblewrap) with every namespace it supports
-(user, PID, network, IPC, UTS, cgroup, mount), nothing of the host but read-only views of the system libraries
-(``/usr/lib*``) and the interpreter's installation, private size-capped ``tmpfs`` mounts at ``/tmp`` and ``/dev/shm`` (everything else is
-read-only), a cleared environment, no capabilities, no further user namespaces, a new session (no terminal
-injection), ``--die-with-parent``, and the seccomp filter of ``seccomp.py``. Why bubblewrap and not nsjail or
-firejail: docs/security.md.
+Each sandbox is a fresh ``bwrap`` (https://github.com/containers/bubblewrap) with every namespace it supports (user,
+PID, network, IPC, UTS, cgroup, mount), nothing of the host but read-only views of the system libraries
+(``/usr/lib*``) and the interpreter's installation, private size-capped ``tmpfs`` mounts at ``/tmp`` and
+``/dev/shm`` (everything else is read-only), a cleared environment, no capabilities, no further user namespaces, a
+new session (no terminal injection), ``--die-with-parent``, and the seccomp filter of ``seccomp.py``. Why bubblewrap
+and not nsjail or firejail: docs/security.md.
 """
 
 from __future__ import annotations
