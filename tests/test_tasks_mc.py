@@ -42,7 +42,13 @@ def _dataset(name: str):
 def _env(name: str):
     spec = get_task(name)
     if name == "code-humaneval":
+        from trl_collm.sandbox import SandboxUnavailable, require_sandbox
         from trl_collm.tasks.code import CodeEnv
+
+        try:
+            require_sandbox()
+        except SandboxUnavailable as err:
+            pytest.skip(f"the code task's sandbox cannot run here: {err}")
 
         class ShapedCodeEnv(CodeEnv):
             """Random tiny-model text scores exactly 0 on HumanEval (no definitions), so every advantage would be 0

@@ -35,7 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from ..envs import MultiAgentEnv, StepResult
-from ..sandbox import TestReport, run_tests
+from ..sandbox import TestReport, require_sandbox, run_tests
 from . import TaskSpec, register_task
 
 __all__ = [
@@ -326,8 +326,11 @@ def score_attempt(
                           "part_line": None}
         return s
     s.levels["syntax"] = W_SYNTAX
+    # The problem's helpers that its tests call (HumanEval/32's poly, /38's encode_cyclic) come from the problem's
+    # own text, run in the judge: a solution that redefines them changes only its own copy.
+    trusted_setup, _ = _split_prompt(row["prompt"], entry)
     report = run_tests(program.source, row["test"], entry_point=entry, timeout=timeout,
-                       per_test_timeout=per_test_timeout, memory_mb=memory_mb)
+                       per_test_timeout=per_test_timeout, memory_mb=memory_mb, trusted_setup=trusted_setup)
     s.report = report
     if report.syntax_error is not None:  # e.g. a compile-time error ast.parse does not catch
         s.parses = False
@@ -443,6 +446,7 @@ class CodeEnv(MultiAgentEnv):
             raise ValueError(f"CodeEnv: reward_mode must be 'delta' or 'absolute', got {reward_mode!r}.")
         if num_turns < 1:
             raise ValueError(f"CodeEnv: num_turns must be >= 1, got {num_turns}.")
+        require_sandbox()  # refuse to start (one line: how to fix it) where bubblewrap cannot isolate the code
         self.max_turns = int(num_turns)
         self.reward_mode = reward_mode
         self.timeout, self.per_test_timeout, self.memory_mb = float(timeout), float(per_test_timeout), int(memory_mb)
@@ -571,8 +575,8 @@ _ENV_OPTIONS = {
     "num_turns": "turns per episode (default 2)",
     "reward_mode": "'delta' (default: turn 2 pays the change in score, return = final score) or 'absolute'",
     "timeout": "sandbox wall-clock seconds per attempt (default 10)",
-    "per_test_timeout": "seconds per test (default 2)",
-    "memory_mb": "sandbox address-space limit (default 512)",
+    "per_test_timeout": "seconds per call of the function under test (default 2)",
+    "memory_mb": "sandbox memory cap in MiB (default 512; see docs/security.md)",
     "max_workers": "sandboxes run in parallel across a batch (default 8)",
 }
 
