@@ -12,7 +12,6 @@ import re
 
 import pytest
 import torch
-from datasets import Dataset
 
 from trl_collm import MultiAgentMCConfig, MultiAgentPPOConfig, MultiAgentPPOTrainer
 from trl_collm.trainers import checkpoints
