@@ -11,7 +11,8 @@ Options: --layout separate|shared_base (two models, or two LoRA adapters on one 
 (build it before launching several processes). Rollouts are greedy by default (--sample to sample): with sampling,
 each rank draws from its own RNG stream, so a 2-process run cannot reproduce the 1-process samples.
 
-Writes <out>/metrics.json (rank 0): per iteration, every metric averaged over the processes; and the fingerprint
+Writes <out>/metrics.json (rank 0): per iteration, every metric averaged over the processes; rank 0's seconds in
+rollout / scoring / update per iteration (`phases_s`); and the fingerprint
 (sum, abs-sum in float64) of each agent's trained parameters at the end, gathered from all ranks under ZeRO-3.
 Saves the team to <out>/team.
 """
@@ -60,6 +61,24 @@ def fingerprints(trainer) -> dict:
     return out
 
 
+def time_phases(trainer) -> dict[str, list[float]]:
+    """Wrap the trainer's rollout / score_rollout / update (instance attributes) and record each call's seconds."""
+    import time
+
+    times: dict[str, list[float]] = {}
+    for phase in ("rollout", "score_rollout", "update"):
+        fn = getattr(trainer, phase)
+
+        def timed(*a, _fn=fn, _phase=phase, **k):
+            t0 = time.perf_counter()
+            out = _fn(*a, **k)
+            times.setdefault(_phase, []).append(time.perf_counter() - t0)
+            return out
+
+        setattr(trainer, phase, timed)
+    return times
+
+
 def averaged_history(trainer) -> list[dict]:
     """Every metric of every iteration, averaged over the processes (each rank holds an equal share of the batch)."""
     history = trainer._metrics_history
@@ -87,6 +106,7 @@ def main():
     parser.add_argument("--kl-coef", type=float, default=0.05)
     parser.add_argument("--instructions", action="store_true",
                         help="put one long instruction in front of every prompt (exercises the shared-prefix forward)")
+    parser.add_argument("--profile", default=None, help="write rank 0's cProfile of train() to this file")
     cli = parser.parse_args()
 
     torch.set_num_threads(1)
@@ -155,7 +175,13 @@ def main():
     if not cli.sample:
         sampled = trainer.generation_kwargs
         trainer.generation_kwargs = lambda greedy=False: sampled(greedy=True)
-    trainer.train()
+    phases = time_phases(trainer)
+    if cli.profile and trainer.is_world_process_zero():
+        import cProfile
+
+        cProfile.runctx("trainer.train()", globals(), {"trainer": trainer}, cli.profile)
+    else:
+        trainer.train()
     team_dir = os.path.join(cli.out, "team")
     trainer.save_model(team_dir)
     history = averaged_history(trainer)
@@ -172,6 +198,8 @@ def main():
             "team_dir": team_dir,
             "deferred_old_logprobs": bool(getattr(trainer, "_defer_old_logprobs", lambda: False)()),
             "shared_prefix_forwards": sum(shared_prefix_used),
+            # rank 0's seconds per call of each phase (the first iteration includes warm-up)
+            "phases_s": phases,
         }
         with open(os.path.join(cli.out, "metrics.json"), "w") as f:
             json.dump(info, f, indent=1)

@@ -126,6 +126,10 @@ class TeamTrainerBase(_BaseTrainer):
             reward_model.to(self.accelerator.device).eval()
         self._metrics_history: list[dict] = []
 
+    def create_accelerator_and_postprocess(self):
+        super().create_accelerator_and_postprocess()
+        distributed.keep_deepspeed_unimported(self.accelerator)  # deepspeed is imported only by a DeepSpeed run
+
     def _send_telemetry(self):
         # TRL's usage ping is for TRL's own trainers; a plugin should not report on their behalf.
         return
@@ -292,16 +296,10 @@ class TeamTrainerBase(_BaseTrainer):
         return kwargs
 
     def _unwrap_for_generation(self):
-        from trl.models.utils import unwrap_model_for_generation
-
+        """A context-manager factory (module -> module) for generation under DeepSpeed, or None without it."""
         if not self.is_deepspeed_enabled:
             return None
-        accelerator, gather = self.accelerator, self.args.ds3_gather_for_generation
-
-        def ctx(module):
-            return unwrap_model_for_generation(module, accelerator, gather_deepspeed3_params=gather)
-
-        return ctx
+        return lambda module: distributed.generation_context(self, module)
 
     def rollout(self, rows: list[dict], greedy: bool = False) -> Rollout:
         args = self.args
