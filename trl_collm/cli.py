@@ -130,10 +130,13 @@ def _eval_parser(prog: str, play: bool):
     p.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
     p.add_argument("--base_model", default=None, help="base model of a LoRA team (overrides team.json)")
     p.add_argument("--device", default=None)
+    p.add_argument("--use_transformers_continuous_batching", action="store_true", help="generate with transformers' generate_batch")
+    p.add_argument("--transformers_continuous_batching_config", default=None, help="JSON dict for ContinuousBatchingConfig")
     return p
 
 
 def evaluate_team(argv: list[str], play_mode: bool = False):
+    from .generation import make_backend
     from .inference import load_team, play, read_team_file
     from .tasks import get_task
 
@@ -145,6 +148,7 @@ def evaluate_team(argv: list[str], play_mode: bool = False):
     rows_ds = _call_with_supported(task.load_dataset, split=opts_ns.split, limit=opts_ns.limit, **opts)
     rows = [rows_ds[i] for i in range(len(rows_ds))]
     team = load_team(opts_ns.team_dir, base_model=opts_ns.base_model, device=opts_ns.device)
+    team.generation_backend = make_backend(opts_ns)  # generate() or continuous batching (trl_collm/generation.py)
     env = _call_with_supported(task.make_env, **opts)
     transcripts = play(team, env, rows, num_turns=num_turns, max_new_tokens=opts_ns.max_new_tokens, greedy=not opts_ns.sample)
     returns = [sum(t["return"]) / len(t["return"]) for t in transcripts]

@@ -148,6 +148,22 @@ class TeamConfig(_BaseConfig):
                   "the plain forward where it cannot apply (see trl_collm/prefix.py)."},
     )
 
+    # ------------------------------------------------------------------ generation backend (issue 16, `speed` branch)
+    # One block on purpose: the configs are moving (arch refactor); port it as a whole. TRL 1.16's GRPOConfig names
+    # and types. Read by trl_collm/generation.py (`make_backend`); documented in docs/generation.md.
+    use_transformers_continuous_batching: bool = field(
+        default=False,
+        metadata={"help": "Generate rollouts with transformers' continuous batching (`generate_batch`: paged KV cache, "
+                  "continuous batching, CUDA graphs on GPU) instead of `generate()`. LoRA teams run one call per adapter. "
+                  "Same sampling settings, stop token and response_length (see docs/generation.md)."},
+    )
+    transformers_continuous_batching_config: dict | str | None = field(
+        default=None,
+        metadata={"help": "Keyword arguments for `transformers.generation.ContinuousBatchingConfig` (a dict or JSON "
+                  "string). Default on GPU: max_memory_percent=0.5, as in TRL; on CPU the cache is sized to each call."},
+    )
+    # ------------------------------------------------------------------ end of the generation-backend block
+
 
     max_prompt_length: int | None = field(
         default=None,

@@ -20,6 +20,7 @@ from trl.trainer.utils import disable_dropout_in_model
 
 from ..building import TeamModel, build_critic, build_team, resolve_agent_names
 from ..envs import MultiAgentEnv, RewardFunctionEnv, RewardModelFunction, check_agent_names
+from ..generation import make_backend
 from ..inference import TEAM_FILE
 from ..rollout import Rollout, run_episodes
 from . import distributed
@@ -100,6 +101,7 @@ class TeamTrainerBase(_BaseTrainer):
         self.env = build_env(env, reward_funcs, reward_model, prompt_formatters, args, team)
         _set_context_limits(team, critic, args)
         team.share_prefix = args.share_prompt_prefix  # read by the team's forwards and generation and by its critics
+        team.generation_backend = make_backend(args)  # generate() or continuous batching (trl_collm/generation.py)
         self.reward_model = reward_model
         team_model = TeamModel(team, critic)
         for module in [team_model] + [r for r in team._refs.values() if r is not None]:
