@@ -37,7 +37,8 @@ def main():
     p.add_argument("--batches", type=int, nargs="+", default=[16, 64, 256])
     p.add_argument("--response-length", type=int, default=64)
     p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--cb-config", default=None, help="JSON dict for ContinuousBatchingConfig")
+    p.add_argument("--cb-config", nargs="*", default=["{}"],
+                   help="JSON dicts for ContinuousBatchingConfig; each one is timed as its own column")
     p.add_argument("--deadline", type=float, default=None, help="Unix time by which to stop starting measurements")
     p.add_argument("--json", default=None)
     a = p.parse_args()
@@ -61,11 +62,13 @@ def main():
     reward = lambda prompts, completions, **k: [float(len(c[0]) % 3) for c in completions]  # noqa: E731
     trainer = MultiAgentPPOTrainer(args=args, model=path, train_dataset=Dataset.from_dict({"prompt": rows}), reward_funcs=reward)
     team = trainer.team
-    backends = {"generate": GenerateBackend(), "continuous_batching": ContinuousBatchingBackend(json.loads(a.cb_config) if a.cb_config else None)}
+    backends = {"generate": GenerateBackend()}
+    for i, config in enumerate(a.cb_config):
+        backends["continuous_batching" + (f"_{i}" if i else "")] = ContinuousBatchingBackend(json.loads(config))
     result = {
         "size": a.size, "device": torch.cuda.get_device_name(0) if cuda else "cpu", "dtype": "bfloat16" if cuda else "float32",
         "response_length": a.response_length, "agents": len(team.names), "torch": torch.__version__,
-        "transformers": __import__("transformers").__version__, "batches": {},
+        "transformers": __import__("transformers").__version__, "cb_configs": a.cb_config, "batches": {},
     }
 
     def timed(backend: str, batch: int) -> float:
@@ -99,10 +102,11 @@ def main():
         tokens = batch * len(team.names) * a.response_length
         entry = {name: {"median_s": statistics.median(t), "tokens_per_s": tokens / statistics.median(t), "runs_s": t,
                         "warmup_s": warm[name]} for name, t in times.items()}
-        entry["speedup"] = entry["continuous_batching"]["tokens_per_s"] / entry["generate"]["tokens_per_s"]
+        for name in backends:
+            entry[name]["speedup"] = entry[name]["tokens_per_s"] / entry["generate"]["tokens_per_s"]
         result["batches"][str(batch)] = entry
-        print(f"batch {batch:>4}: generate {entry['generate']['tokens_per_s']:>9.1f} tok/s  continuous batching "
-              f"{entry['continuous_batching']['tokens_per_s']:>9.1f} tok/s  speed-up {entry['speedup']:.2f}x", flush=True)
+        print(f"batch {batch:>4}: " + "  ".join(f"{name} {entry[name]['tokens_per_s']:.1f} tok/s ({entry[name]['speedup']:.2f}x)"
+                                                  for name in backends), flush=True)
         write()
         last_cost = time.time() - t_batch
         # The next batch is larger: its cost grows with the rows (generate) or less (continuous batching).

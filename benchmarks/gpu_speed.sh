@@ -39,7 +39,10 @@ python3 -c "from trl_collm.testing import tiny_model_dir; tiny_model_dir('$SIZE-
 log "models ready"
 
 # 1. rollout: continuous batching vs generate(); stops starting batches that would end after START+BUDGET-150
+# Columns: generate(), continuous batching with TRL's defaults, and the same without CUDA graphs (each call builds
+# its own paged cache and, with graphs, captures them again: the second column shows what that costs).
 python3 benchmarks/gpu_speed.py --size "$SIZE" --batches $BATCHES --response-length "$RESPONSE_LENGTH" \
+  --cb-config '{}' '{"use_cuda_graph": false}' \
   --deadline $(( START + BUDGET - 150 )) --json "$OUT/rollout.json" 2>"$OUT/rollout.err" | tee "$OUT/rollout.txt"
 log "rollout done (rc ${PIPESTATUS[0]})"
 
