@@ -67,7 +67,9 @@ def time_phases(trainer) -> dict[str, list[float]]:
 
     times: dict[str, list[float]] = {}
     for phase in ("rollout", "score_rollout", "update"):
-        fn = getattr(trainer, phase)
+        fn = getattr(trainer, phase, None)
+        if fn is None:  # MC has no separate scoring phase
+            continue
 
         def timed(*a, _fn=fn, _phase=phase, **k):
             t0 = time.perf_counter()
@@ -123,6 +125,10 @@ def main():
         return split
 
     trl_collm.prefix.plan_split = counting_split
+    if cli.instructions:
+        # The tiny model's layers are so cheap that the cost model would run the plain forward; this option exists to
+        # exercise the shared-prefix forward under DeepSpeed, so every cut that saves tokens is taken.
+        trl_collm.prefix.CALL_COST_TOKENS = 0
 
     from trl_collm import MultiAgentMCConfig, MultiAgentMCTrainer, MultiAgentPPOConfig, MultiAgentPPOTrainer
     from trl_collm.testing import tiny_model_dir
