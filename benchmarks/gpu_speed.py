@@ -95,7 +95,14 @@ def main():
             break
         t_batch = time.time()
         times = {name: [] for name in backends}
-        warm = {name: timed(name, batch) for name in backends}  # first calls: CUDA graphs, allocator, kernels
+        warm = {}
+        for name in list(backends):  # first calls: CUDA graphs, allocator, kernels
+            try:
+                warm[name] = timed(name, batch)
+            except Exception as exc:  # noqa: BLE001 - one failing backend must not cost the other figures
+                result.setdefault("errors", {})[name] = f"batch {batch}: {type(exc).__name__}: {exc}"[:2000]
+                print(f"{name} failed at batch {batch}: {exc}", flush=True)
+                del backends[name], times[name]
         for _ in range(a.repeats):
             for name in backends:
                 times[name].append(timed(name, batch))
@@ -103,9 +110,10 @@ def main():
         entry = {name: {"median_s": statistics.median(t), "tokens_per_s": tokens / statistics.median(t), "runs_s": t,
                         "warmup_s": warm[name]} for name, t in times.items()}
         for name in backends:
-            entry[name]["speedup"] = entry[name]["tokens_per_s"] / entry["generate"]["tokens_per_s"]
+            if "generate" in entry:
+                entry[name]["speedup"] = entry[name]["tokens_per_s"] / entry["generate"]["tokens_per_s"]
         result["batches"][str(batch)] = entry
-        print(f"batch {batch:>4}: " + "  ".join(f"{name} {entry[name]['tokens_per_s']:.1f} tok/s ({entry[name]['speedup']:.2f}x)"
+        print(f"batch {batch:>4}: " + "  ".join(f"{name} {entry[name]['tokens_per_s']:.1f} tok/s ({entry[name].get('speedup', 0):.2f}x)"
                                                   for name in backends), flush=True)
         write()
         last_cost = time.time() - t_batch
