@@ -8,7 +8,8 @@ slows all of them alike): `accelerate launch --num_processes 2 --mixed_precision
 trl_collm/accelerate_configs/zero3.yaml examples/ds_train.py --iterations 6 --global-batch 8` (zero2.yaml for
 ZeRO-2; `torch.distributed.run` with accelerate's multi-CPU state for plain data parallel). ds_train.py records rank
 0's seconds in rollout, scoring and update per iteration; the table gives the median over every iteration after the
-first (warm-up) of every round, and the ratio of each mode's iteration to ZeRO-2's.
+first (warm-up) of every round, the ratio of each mode's iteration to ZeRO-2's, and (ZeRO-3) how many times rank 0
+fetched a module's partitioned parameters per phase: a count a busy machine does not change.
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ def main():
     tiny_model_dir("tiny-qwen2")  # built once here, not by two processes at the same time
     extra = ["--iterations", str(a.iterations), "--global-batch", str(a.global_batch)]
     samples = {m: {"iteration": [], "rollout": [], "score_rollout": [], "update": []} for m in a.modes}
+    fetches = {m: {} for m in a.modes}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(a.rounds):
             for mode in a.modes:
@@ -71,13 +73,19 @@ def main():
                 samples[mode]["iteration"] += [h["time/iteration_s"] for h in info["history"]][1:]
                 for phase, times in info["phases_s"].items():
                     samples[mode][phase] += times[1:]
+                for phase, counts in info.get("zero3_fetches", {}).items():
+                    fetches[mode].setdefault(phase, []).extend(counts[1:])
                 print(f"round {r} {mode}: {statistics.median(samples[mode]['iteration']):.3f} s", flush=True)
     result = {m: {k: statistics.median(v) for k, v in s.items()} for m, s in samples.items()}
+    for m, r in result.items():
+        r["fetches"] = {k: statistics.median(v) for k, v in fetches[m].items() if v}
     base = result.get("zero2", {}).get("iteration")
-    print(f"\n{'mode':<7} {'iteration s':>11} {'x ZeRO-2':>8} {'rollout':>8} {'score':>7} {'update':>7}")
+    print(f"\n{'mode':<7} {'iteration s':>11} {'x ZeRO-2':>8} {'rollout':>8} {'score':>7} {'update':>7}  ZeRO-3 fetches r/s/u")
     for m, r in result.items():
         ratio = f"{r['iteration'] / base:.2f}" if base else "-"
-        print(f"{m:<7} {r['iteration']:>11.3f} {ratio:>8} {r['rollout']:>8.3f} {r['score_rollout']:>7.3f} {r['update']:>7.3f}")
+        f = r["fetches"]
+        counts = "/".join(str(int(f.get(k, 0))) for k in ("rollout", "score_rollout", "update"))
+        print(f"{m:<7} {r['iteration']:>11.3f} {ratio:>8} {r['rollout']:>8.3f} {r['score_rollout']:>7.3f} {r['update']:>7.3f}  {counts}")
     if a.json:
         Path(a.json).write_text(json.dumps({"args": vars(a), "median_s": result}, indent=1))
 

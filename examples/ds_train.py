@@ -61,24 +61,39 @@ def fingerprints(trainer) -> dict:
     return out
 
 
-def time_phases(trainer) -> dict[str, list[float]]:
-    """Wrap the trainer's rollout / score_rollout / update (instance attributes) and record each call's seconds."""
+def time_phases(trainer) -> tuple[dict[str, list[float]], dict[str, list[int]]]:
+    """Wrap the trainer's rollout / score_rollout / update (instance attributes) and record each call's seconds and,
+    under ZeRO-3, how many times DeepSpeed fetched a module's partitioned parameters (a count that does not depend on
+    how busy the machine is: it shows whether decoding steps run through the parameter hooks)."""
     import time
 
+    fetches = [0]
+    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true":
+        from deepspeed.runtime.zero.partitioned_param_coordinator import PartitionedParameterCoordinator as Coordinator
+
+        fetch = Coordinator.fetch_sub_module
+
+        def counting_fetch(self, *a, **k):
+            fetches[0] += 1
+            return fetch(self, *a, **k)
+
+        Coordinator.fetch_sub_module = counting_fetch
     times: dict[str, list[float]] = {}
+    counts: dict[str, list[int]] = {}
     for phase in ("rollout", "score_rollout", "update"):
         fn = getattr(trainer, phase, None)
         if fn is None:  # MC has no separate scoring phase
             continue
 
         def timed(*a, _fn=fn, _phase=phase, **k):
-            t0 = time.perf_counter()
+            t0, f0 = time.perf_counter(), fetches[0]
             out = _fn(*a, **k)
             times.setdefault(_phase, []).append(time.perf_counter() - t0)
+            counts.setdefault(_phase, []).append(fetches[0] - f0)
             return out
 
         setattr(trainer, phase, timed)
-    return times
+    return times, counts
 
 
 def averaged_history(trainer) -> list[dict]:
@@ -181,7 +196,7 @@ def main():
     if not cli.sample:
         sampled = trainer.generation_kwargs
         trainer.generation_kwargs = lambda greedy=False: sampled(greedy=True)
-    phases = time_phases(trainer)
+    phases, fetches = time_phases(trainer)
     if cli.profile and trainer.is_world_process_zero():
         import cProfile
 
@@ -206,6 +221,7 @@ def main():
             "shared_prefix_forwards": sum(shared_prefix_used),
             # rank 0's seconds per call of each phase (the first iteration includes warm-up)
             "phases_s": phases,
+            "zero3_fetches": fetches,  # per call of each phase: ZeRO-3 parameter fetches on rank 0 (0 without ZeRO-3)
         }
         with open(os.path.join(cli.out, "metrics.json"), "w") as f:
             json.dump(info, f, indent=1)
