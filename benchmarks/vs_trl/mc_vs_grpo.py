@@ -51,8 +51,9 @@ def run_side(a) -> dict:
     never = len(tok)  # a token id the model never samples: every completion runs to the full length
     data = Dataset.from_dict({"prompt": (PROMPTS * (1 + a.prompts * a.steps // len(PROMPTS)))[: a.prompts * a.steps]})
     out = tempfile.mkdtemp(prefix=f"vs-trl-{a.side}-")
-    common = dict(output_dir=out, learning_rate=a.lr, temperature=1.0, top_p=1.0, use_cpu=True, bf16=False, report_to=[],
-                  save_strategy="no", logging_steps=1, seed=a.seed, disable_tqdm=True, weight_decay=0.0)
+    common = {"output_dir": out, "learning_rate": a.lr, "temperature": 1.0, "top_p": 1.0, "use_cpu": True, "bf16": False,
+              "report_to": [], "save_strategy": "no", "logging_steps": 1, "seed": a.seed, "disable_tqdm": True,
+              "weight_decay": 0.0}
     torch.manual_seed(a.seed)
     if a.side == "trl":
         from trl import GRPOConfig, GRPOTrainer
