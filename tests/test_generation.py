@@ -208,3 +208,14 @@ print({{"built": built, "trained": "deepspeed" in sys.modules}})
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1].replace("'", '"').replace("False", "false").replace("True", "true"))
     assert result == {"built": False, "trained": False}
+
+
+def test_eval_and_play_flags_select_the_backend():
+    from trl_collm.cli import _eval_parser
+
+    parser = _eval_parser("trl-collm play", play=True)
+    base = ["--team_dir", "t", "--task", "coord-penalty"]
+    assert isinstance(make_backend(parser.parse_args(base)), GenerateBackend)
+    backend = make_backend(parser.parse_args([*base, "--use_transformers_continuous_batching",
+                                              "--transformers_continuous_batching_config", '{"page_size": 16}']))
+    assert isinstance(backend, ContinuousBatchingBackend) and backend.config == {"page_size": 16}
