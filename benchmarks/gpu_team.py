@@ -22,6 +22,20 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import torch  # noqa: E402
 
 
+def _timed(fn, seconds: list, cuda: bool):
+    def timed(*args, **kwargs):
+        if cuda:
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        out = fn(*args, **kwargs)
+        if cuda:
+            torch.cuda.synchronize()
+        seconds.append(time.perf_counter() - start)
+        return out
+
+    return timed
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--size", default="0.5b")
@@ -55,6 +69,9 @@ def main():
     params_per_agent = sum(p.numel() for p in trainer.team.agent_parameters("alice"))  # before ZeRO-3 partitions them
     if cuda:
         torch.cuda.reset_peak_memory_stats()
+    phases: dict[str, list[float]] = {}  # seconds per call of rollout / scoring / update
+    for phase in ("rollout", "score_rollout", "update"):
+        setattr(trainer, phase, _timed(getattr(trainer, phase), phases.setdefault(phase, []), cuda))
     t0 = time.time()
     trainer.train()
     total = time.time() - t0
@@ -71,6 +88,7 @@ def main():
         episodes_per_s=round(a.batch / iteration_s, 2),
         peak_gpu_mib=round(torch.cuda.max_memory_allocated() / 2**20) if cuda else None, total_s=round(total, 1),
         final_score=history[-1]["objective/scores"],
+        median_phase_s={k: round(sorted(v[1:] or v)[len(v[1:] or v) // 2], 3) for k, v in phases.items()},
     )
     if trainer.is_world_process_zero():
         print(json.dumps(result))

@@ -11,7 +11,8 @@ Options: --layout separate|shared_base (two models, or two LoRA adapters on one 
 (build it before launching several processes). Rollouts are greedy by default (--sample to sample): with sampling,
 each rank draws from its own RNG stream, so a 2-process run cannot reproduce the 1-process samples.
 
-Writes <out>/metrics.json (rank 0): per iteration, every metric averaged over the processes; and the fingerprint
+Writes <out>/metrics.json (rank 0): per iteration, every metric averaged over the processes; rank 0's seconds in
+rollout / scoring / update per iteration (`phases_s`); and the fingerprint
 (sum, abs-sum in float64) of each agent's trained parameters at the end, gathered from all ranks under ZeRO-3.
 Saves the team to <out>/team.
 """
@@ -60,6 +61,41 @@ def fingerprints(trainer) -> dict:
     return out
 
 
+def time_phases(trainer) -> tuple[dict[str, list[float]], dict[str, list[int]]]:
+    """Wrap the trainer's rollout / score_rollout / update (instance attributes) and record each call's seconds and,
+    under ZeRO-3, how many times DeepSpeed fetched a module's partitioned parameters (a count that does not depend on
+    how busy the machine is: it shows whether decoding steps run through the parameter hooks)."""
+    import time
+
+    fetches = [0]
+    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true":
+        from deepspeed.runtime.zero.partitioned_param_coordinator import PartitionedParameterCoordinator as Coordinator
+
+        fetch = Coordinator.fetch_sub_module
+
+        def counting_fetch(self, *a, **k):
+            fetches[0] += 1
+            return fetch(self, *a, **k)
+
+        Coordinator.fetch_sub_module = counting_fetch
+    times: dict[str, list[float]] = {}
+    counts: dict[str, list[int]] = {}
+    for phase in ("rollout", "score_rollout", "update"):
+        fn = getattr(trainer, phase, None)
+        if fn is None:  # MC has no separate scoring phase
+            continue
+
+        def timed(*a, _fn=fn, _phase=phase, **k):
+            t0, f0 = time.perf_counter(), fetches[0]
+            out = _fn(*a, **k)
+            times.setdefault(_phase, []).append(time.perf_counter() - t0)
+            counts.setdefault(_phase, []).append(fetches[0] - f0)
+            return out
+
+        setattr(trainer, phase, timed)
+    return times, counts
+
+
 def averaged_history(trainer) -> list[dict]:
     """Every metric of every iteration, averaged over the processes (each rank holds an equal share of the batch)."""
     history = trainer._metrics_history
@@ -87,6 +123,7 @@ def main():
     parser.add_argument("--kl-coef", type=float, default=0.05)
     parser.add_argument("--instructions", action="store_true",
                         help="put one long instruction in front of every prompt (exercises the shared-prefix forward)")
+    parser.add_argument("--profile", default=None, help="write rank 0's cProfile of train() to this file")
     cli = parser.parse_args()
 
     torch.set_num_threads(1)
@@ -103,6 +140,10 @@ def main():
         return split
 
     trl_collm.prefix.plan_split = counting_split
+    if cli.instructions:
+        # The tiny model's layers are so cheap that the cost model would run the plain forward; this option exists to
+        # exercise the shared-prefix forward under DeepSpeed, so every cut that saves tokens is taken.
+        trl_collm.prefix.CALL_COST_TOKENS = 0
 
     from trl_collm import MultiAgentMCConfig, MultiAgentMCTrainer, MultiAgentPPOConfig, MultiAgentPPOTrainer
     from trl_collm.testing import tiny_model_dir
@@ -155,7 +196,13 @@ def main():
     if not cli.sample:
         sampled = trainer.generation_kwargs
         trainer.generation_kwargs = lambda greedy=False: sampled(greedy=True)
-    trainer.train()
+    phases, fetches = time_phases(trainer)
+    if cli.profile and trainer.is_world_process_zero():
+        import cProfile
+
+        cProfile.runctx("trainer.train()", globals(), {"trainer": trainer}, cli.profile)
+    else:
+        trainer.train()
     team_dir = os.path.join(cli.out, "team")
     trainer.save_model(team_dir)
     history = averaged_history(trainer)
@@ -172,6 +219,9 @@ def main():
             "team_dir": team_dir,
             "deferred_old_logprobs": bool(getattr(trainer, "_defer_old_logprobs", lambda: False)()),
             "shared_prefix_forwards": sum(shared_prefix_used),
+            # rank 0's seconds per call of each phase (the first iteration includes warm-up)
+            "phases_s": phases,
+            "zero3_fetches": fetches,  # per call of each phase: ZeRO-3 parameter fetches on rank 0 (0 without ZeRO-3)
         }
         with open(os.path.join(cli.out, "metrics.json"), "w") as f:
             json.dump(info, f, indent=1)

@@ -12,6 +12,52 @@ from trl_collm.team import _left_pad
 INSTRUCTION = list(range(40, 70))  # 30 tokens every row starts with
 
 
+@pytest.fixture(autouse=True)
+def every_cut_pays(monkeypatch, request):
+    """These tests check that a cut gives the plain forward's numbers: take every cut that saves tokens, although
+    the cost model would run the tiny test models plainly. The cost model's own tests opt out."""
+    if "cost_model" not in request.node.name:
+        monkeypatch.setattr(prefix, "CALL_COST_TOKENS", 0)
+
+
+def test_cost_model_takes_a_cut_only_when_the_saved_tokens_pay_for_the_extra_call(tiny_lm):
+    from types import SimpleNamespace
+
+    tiny = prefix.min_saved_tokens(tiny_lm)
+    # tiny_lm: hidden 32, 4 heads x 8, 2 kv heads x 8, MLP 64 -> 2*32*32 + 2*32*16 + 3*32*64 = 9216 weights
+    assert prefix.layer_parameters(tiny_lm) == 9216
+    assert tiny == 598  # ceil(650 / (1 + 9216 / 105000)) = ceil(597.5)
+    wide = SimpleNamespace(config=SimpleNamespace(hidden_size=1024, num_attention_heads=16, num_key_value_heads=16,
+                                                  intermediate_size=4096))
+    assert prefix.layer_parameters(wide) == 2 * 1024**2 + 2 * 1024**2 + 3 * 1024 * 4096
+    assert prefix.min_saved_tokens(wide) == 5  # a big layer: nearly any saving pays
+    # MC-like batch: 2 prompts of 20 tokens, 4 samples each, 6 response tokens: the G copies save 3 x 2 x 20 tokens.
+    heads = torch.arange(3, 43).view(2, 20).repeat_interleave(4, 0)
+    ids = torch.cat([heads, torch.arange(100, 148).view(8, 6)], 1)
+    mask = torch.ones_like(ids)
+    split = prefix.plan_split(ids, mask, keep=7)
+    assert split is not None and split.saved_tokens == 3 * 2 * 19  # the head stops one column before the kept 7
+    assert prefix.plan_split(ids, mask, keep=7, min_saved=tiny) is None  # 114 < 598: the plain forward is cheaper
+    assert prefix.plan_split(ids, mask, keep=7, min_saved=114) is not None  # the boundary: exactly pays
+    assert prefix.plan_split(ids, mask, keep=7, min_saved=115) is None
+    calls = []
+    real_forward = tiny_lm.forward
+
+    def counting(*a, **k):
+        calls.append(k["input_ids"].shape)
+        return real_forward(*a, **k)
+
+    tiny_lm.forward = counting
+    try:
+        prefix.forward_last(tiny_lm, ids, mask, 7, causal_lm=True)
+        assert len(calls) == 1  # the cost model declined: one plain call
+        calls.clear()
+        prefix.forward_last(tiny_lm, ids, mask, 7, causal_lm=True, min_saved=0)
+        assert len(calls) == 2  # forced: head call + rest call
+    finally:
+        del tiny_lm.forward
+
+
 def _batch():
     rows = [INSTRUCTION + [100, 101, 102], INSTRUCTION + [110] * 7, INSTRUCTION + [120], INSTRUCTION[:24] + [130, 131]]
     return _left_pad(rows, 0, "cpu")

@@ -254,6 +254,10 @@ def _eval_parser(prog: str, play: bool):
     p.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
     p.add_argument("--base_model", default=None, help="base model of a LoRA team (overrides team.json)")
     p.add_argument("--device", default=None)
+    p.add_argument("--use_transformers_continuous_batching", action="store_true",
+                   help="generate with transformers' continuous batching (generate_batch) instead of generate()")
+    p.add_argument("--transformers_continuous_batching_config", default=None,
+                   help="JSON dict for transformers' ContinuousBatchingConfig")
     if play:
         p.add_argument("--render", default=None, metavar="DIR",
                        help="building game: write a PNG of the world after every turn into DIR")
@@ -321,6 +325,7 @@ def evaluate_team(argv: list[str], play_mode: bool = False):
         env = _call_with_supported(task.make_env, **opts)
     check_team_fits_task(task, env, rows[0], desc, opts_ns.team_dir, explicit_options=bool(opts))
 
+    from .generation import make_backend
     from .inference import load_team, play
 
     gen = desc.get("generation", {})
@@ -328,6 +333,7 @@ def evaluate_team(argv: list[str], play_mode: bool = False):
     temperature = opts_ns.temperature if opts_ns.temperature is not None else gen.get("temperature", 0.7)
     with user_errors():
         team = load_team(opts_ns.team_dir, base_model=opts_ns.base_model, device=opts_ns.device)
+        team.generation_backend = make_backend(opts_ns)  # generate() or continuous batching (trl_collm/generation.py)
     for a, limit in (gen.get("max_prompt_length") or {}).items():
         if a in team.names:
             team.prompt_limits[a] = limit

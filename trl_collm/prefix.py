@@ -18,23 +18,36 @@ layout, and the pads moved between prefix and rest are masked out, so every real
 same positions as before.
 
 Only the caller's last `keep` positions are returned (the response's logits, the value at the end of a view), which
-the rest always covers. When a cut gains little (a common prefix under MIN_PREFIX_TOKENS tokens, repeated rows
-saving fewer tokens than that, one row) or the model cannot take a cache with gradients (activation checkpointing
-recomputes layers and would grow the cache twice; sliding-window or recurrent layers; attention kernels that assume
-left padding), the plain forward runs instead.
+the rest always covers. When a cut does not pay or the model cannot take a cache with gradients (activation
+checkpointing recomputes layers and would grow the cache twice; sliding-window or recurrent layers; attention kernels
+that assume left padding), the plain forward runs instead.
+
+Whether a cut pays is an expected-cost decision, not a token count: the cut saves `saved_tokens` prompt tokens but
+costs a second model call (the head) and the copies of its keys and values. `min_saved_tokens(model)` is the saving
+that pays for that call, from a cost model calibrated on CPU by `benchmarks/bench_prefix_cut.py`: on the tiny test
+models (a 9k-parameter layer) a call costs as much as ~600 tokens, so short prompts run plain; on a 0.7M-parameter
+layer ~80 tokens; on 0.5B-class models a few tokens. A common prefix also needs MIN_PREFIX_TOKENS tokens per row.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import math
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-# A prefix shorter than this saves less than the second model call costs (measured on the tiny CPU models).
+# A common prefix must be at least this long per row to be considered at all.
 MIN_PREFIX_TOKENS = 16
+# The expected-cost model (benchmarks/bench_prefix_cut.py; fit on CPU to the break-even points of two runs, forward +
+# backward, 2026-11-30: tiny between 378 and 1530 saved tokens, small between 66 and 90): the cut's extra
+# model call costs as much as CALL_COST_TOKENS tokens through a layer without weights, and one token through a layer
+# with p parameters costs (1 + p / LAYER_PARAMS_SCALE) of those. The cut pays when the tokens it saves cost more than
+# the call: saved * (1 + p / LAYER_PARAMS_SCALE) > CALL_COST_TOKENS (per layer on both sides).
+CALL_COST_TOKENS = 650
+LAYER_PARAMS_SCALE = 105_000
 _ATTENTION_OK = ("sdpa", "eager")
 
 
@@ -131,8 +144,9 @@ def split_repeated_rows(ids: torch.Tensor, mask: torch.Tensor, keep: int, min_pr
 
 
 def plan_split(ids: torch.Tensor, mask: torch.Tensor, keep: int, min_prefix: int = MIN_PREFIX_TOKENS,
-               row_keys: torch.Tensor | None = None):
-    """The cut that saves more tokens (common prefix or repeated rows), or None when neither saves `min_prefix`.
+               row_keys: torch.Tensor | None = None, min_saved: int = 0):
+    """The cut that saves more tokens (common prefix or repeated rows), or None when neither saves `min_prefix`
+    tokens, or `min_saved` (what the cut must save to pay for its extra model call: `min_saved_tokens(model)`).
 
     `row_keys` (B,) integers: rows with different keys never share a head (the LoRA adapter each row runs with).
     """
@@ -140,7 +154,27 @@ def plan_split(ids: torch.Tensor, mask: torch.Tensor, keep: int, min_prefix: int
     if common is not None and row_keys is not None:
         common = _one_head_per_key(common, row_keys)
     options = [s for s in (common, split_repeated_rows(ids, mask, keep, min_prefix, row_keys)) if s is not None]
-    return max(options, key=lambda s: s.saved_tokens) if options else None
+    best = max(options, key=lambda s: s.saved_tokens) if options else None
+    return best if best is not None and best.saved_tokens >= min_saved else None
+
+
+def layer_parameters(model: nn.Module) -> int:
+    """Weights of one decoder layer, from the model's config (attention projections + gated MLP)."""
+    config = getattr(model, "config", None)
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    hidden = int(getattr(text, "hidden_size", 0) or 0)
+    if not hidden:
+        return 0
+    heads = int(getattr(text, "num_attention_heads", 1) or 1)
+    head_dim = int(getattr(text, "head_dim", None) or hidden // heads)
+    kv = int(getattr(text, "num_key_value_heads", None) or heads) * head_dim
+    inner = int(getattr(text, "intermediate_size", None) or 4 * hidden)
+    return 2 * hidden * heads * head_dim + 2 * hidden * kv + 3 * hidden * inner
+
+
+def min_saved_tokens(model: nn.Module) -> int:
+    """Prompt tokens a cut must save to pay for its extra model call (the expected-cost model above)."""
+    return math.ceil(CALL_COST_TOKENS / (1 + layer_parameters(model) / LAYER_PARAMS_SCALE))
 
 
 def _one_head_per_key(split: SharedSplit, row_keys: torch.Tensor) -> SharedSplit | None:
@@ -215,12 +249,16 @@ def _head_cache(model: nn.Module, split: SharedSplit, causal_lm: bool, **head_kw
 
 
 def forward_last(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, keep: int, causal_lm: bool,
-                 min_prefix: int = MIN_PREFIX_TOKENS, enabled: bool = True):
+                 min_prefix: int = MIN_PREFIX_TOKENS, enabled: bool = True, min_saved: int | None = None):
     """Logits (causal_lm) or last hidden states of the last `keep` positions of a left-padded batch, (B, keep, ...).
 
-    The same numbers as one plain forward over (ids, mask), computing what rows share once when that helps.
+    The same numbers as one plain forward over (ids, mask), computing what rows share once when that is expected to
+    be faster (`min_saved`: None for the cost model, a number of tokens to override it).
     """
-    split = plan_split(ids, mask, keep, min_prefix) if enabled and supports_prefix_cache(model) else None
+    split = None
+    if enabled and supports_prefix_cache(model):
+        min_saved = min_saved_tokens(model) if min_saved is None else min_saved
+        split = plan_split(ids, mask, keep, min_prefix, min_saved=min_saved)
     cache = _head_cache(model, split, causal_lm) if split is not None else None
     if cache is None:
         kwargs = dict(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask), use_cache=False)
@@ -239,7 +277,8 @@ def forward_last(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, keep: 
 
 @torch.no_grad()
 def generate_with_prefix(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, gen_kwargs: dict,
-                         min_prefix: int = MIN_PREFIX_TOKENS, enabled: bool = True) -> torch.Tensor:
+                         min_prefix: int = MIN_PREFIX_TOKENS, enabled: bool = True,
+                         min_saved: int | None = None) -> torch.Tensor:
     """`model.generate` on a left-padded batch, prefilling what its rows share once.
 
     Returns what `generate(input_ids=ids, attention_mask=mask)` returns: the prompt columns of `ids` followed by the
@@ -254,7 +293,8 @@ def generate_with_prefix(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor
         if names is not None:
             distinct = sorted(set(names))
             keys = torch.tensor([distinct.index(n) for n in names], device=ids.device)
-        split = plan_split(ids, mask, 1, min_prefix, row_keys=keys)
+        min_saved = min_saved_tokens(model) if min_saved is None else min_saved
+        split = plan_split(ids, mask, 1, min_prefix, row_keys=keys, min_saved=min_saved)
         if split is not None and names is not None:
             head_kwargs["adapter_names"] = [distinct[int(k)] for k in split.head_keys]
     cache = _head_cache(model, split, causal_lm=True, **head_kwargs) if split is not None else None

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from .generation import GenerateBackend
+
 Observation = str | list[int]
 
 
@@ -87,6 +89,8 @@ class AgentTeam(nn.Module):
         self.prompt_limits: dict[str, int | None] = {}
         self._pad_ids: dict[str, int] = {}
         self.share_prefix = True  # compute the rows' common prompt prefix once (trl_collm/prefix.py)
+        # How prompts become tokens (trl_collm/generation.py): HF generate() unless the trainer picks another backend.
+        self.generation_backend = GenerateBackend()
 
     # ------------------------------------------------------------------ access
     def model_of(self, name: str) -> nn.Module:
@@ -166,8 +170,9 @@ class AgentTeam(nn.Module):
     ) -> dict[str, Generation]:
         """Sample one completion per observation for every agent.
 
-        Separate models: one generate() call per agent over its whole batch. Shared base: one call for all agents,
-        each row routed to its agent's adapter (PEFT mixed-adapter batch).
+        Separate models: one backend call per agent over its whole batch. Shared base: one call for all agents, each
+        row routed to its agent's adapter (PEFT mixed-adapter batch; the continuous-batching backend runs one
+        adapter at a time). `self.generation_backend` does the sampling (trl_collm/generation.py).
         `unwrap` is a context-manager factory (model -> model) used to gather ZeRO-3 weights, or None.
         """
         unwrap = unwrap or contextlib.nullcontext
@@ -179,7 +184,8 @@ class AgentTeam(nn.Module):
             adapter_names = [n for n in names for _ in range(len(observations[n]))]
             with unwrap(self.shared_base) as model:
                 kwargs = dict(gen_kwargs, pad_token_id=self.pad_id(self.names[0]))  # finished rows feed it back in
-                out = _chunked_generate(model, ids, mask, kwargs, batch_size, adapter_names, self.share_prefix)
+                out = self.generation_backend.generate(model, ids, mask, kwargs, batch_size, adapter_names,
+                                                       self.share_prefix, use_adapter=self.active)
             result, start = {}, 0
             for n in names:
                 count = len(observations[n])
@@ -196,7 +202,7 @@ class AgentTeam(nn.Module):
             ids, mask = self.encode(n, observations[n], device)
             with unwrap(self.policies[n]) as model:
                 kwargs = dict(gen_kwargs, pad_token_id=self.pad_id(n))  # finished rows feed it back in
-                out = _chunked_generate(model, ids, mask, kwargs, batch_size, None, self.share_prefix)
+                out = self.generation_backend.generate(model, ids, mask, kwargs, batch_size, None, self.share_prefix)
             result[n] = self._finish(n, ids, mask, out[:, ids.shape[1]:], stop_token_id)
         return result
 
@@ -332,23 +338,6 @@ def _trim_left(gen: Generation) -> Generation:
     gen.query_ids = gen.query_ids[:, first:]
     gen.query_mask = gen.query_mask[:, first:]
     return gen
-
-
-def _chunked_generate(model, ids, mask, gen_kwargs, batch_size, adapter_names, share_prefix=False):
-    from .prefix import generate_with_prefix
-
-    outs = []
-    step = batch_size or ids.shape[0] or 1
-    for start in range(0, ids.shape[0], step):
-        kwargs = dict(gen_kwargs)
-        if adapter_names is not None:
-            kwargs["adapter_names"] = adapter_names[start : start + step]
-        out = generate_with_prefix(model, ids[start : start + step], mask[start : start + step], kwargs, enabled=share_prefix)
-        outs.append(out)
-    # Chunks may stop at different lengths; right-pad them to one width with the pad token.
-    width = max(o.shape[1] for o in outs)
-    pad_id = gen_kwargs["pad_token_id"]
-    return torch.cat([torch.nn.functional.pad(o, (0, width - o.shape[1]), value=pad_id) for o in outs], dim=0)
 
 
 def max_positions(model: nn.Module) -> int | None:

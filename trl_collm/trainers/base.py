@@ -20,6 +20,7 @@ from trl.trainer.utils import disable_dropout_in_model
 from .. import saved_team
 from ..assembly import TeamModel, build_team, resolve_agent_names
 from ..envs import MultiAgentEnv, RewardFunctionEnv, RewardModelFunction, check_agent_names
+from ..generation import make_backend
 from ..numerics import NonFiniteSteps, gradients_finite
 from ..rollout import Rollout, run_episodes
 from . import checkpoints, distributed
@@ -89,6 +90,7 @@ class TeamTrainerBase(_BaseTrainer):
         self.env = build_env(env, reward_funcs, reward_model, prompt_formatters, args, team)
         _set_prompt_limits(team, args)
         team.share_prefix = args.share_prompt_prefix  # read by the team's forwards and generation and by its critics
+        team.generation_backend = make_backend(args)  # generate() or continuous batching (trl_collm/generation.py)
         self.reward_model = reward_model
         team_model = TeamModel(team, critic)
         for module in [team_model] + [r for r in team._refs.values() if r is not None]:
@@ -119,6 +121,10 @@ class TeamTrainerBase(_BaseTrainer):
     def build_critic(self, team, value_model, args, peft_config, critic_processing_class):
         """The run's critic (`trl_collm.critics.TeamCritic`), or None for a critic-free trainer."""
         return None
+
+    def create_accelerator_and_postprocess(self):
+        super().create_accelerator_and_postprocess()
+        distributed.keep_deepspeed_unimported(self.accelerator)  # deepspeed is imported only by a DeepSpeed run
 
     def _send_telemetry(self):
         # TRL's usage ping is for TRL's own trainers; a plugin should not report on their behalf.
@@ -310,16 +316,10 @@ class TeamTrainerBase(_BaseTrainer):
         return kwargs
 
     def _unwrap_for_generation(self):
-        from trl.models.utils import unwrap_model_for_generation
-
+        """A context-manager factory (module -> module) for generation under DeepSpeed, or None without it."""
         if not self.is_deepspeed_enabled:
             return None
-        accelerator, gather = self.accelerator, self.args.ds3_gather_for_generation
-
-        def ctx(module):
-            return unwrap_model_for_generation(module, accelerator, gather_deepspeed3_params=gather)
-
-        return ctx
+        return lambda module: distributed.generation_context(self, module)
 
     def rollout(self, rows: list[dict], greedy: bool = False) -> Rollout:
         args = self.args

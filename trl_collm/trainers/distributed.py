@@ -22,6 +22,31 @@ def deepspeed_launch_requested() -> bool:
     return os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
 
 
+def keep_deepspeed_unimported(accelerator) -> None:
+    """Without DeepSpeed, stop accelerate from importing it (about 20 MB and a second of import) to unwrap models.
+
+    accelerate's `unwrap_model` imports deepspeed whenever it is installed, only to check whether the model is a
+    DeepSpeedEngine; transformers.Trainer calls it while it is built. When deepspeed has not been imported, no object
+    can be an engine, so the check is skipped (an instance attribute shadows the method, as `engine_backward` does).
+    """
+    if accelerator.distributed_type == "DEEPSPEED" or str(accelerator.distributed_type).endswith("DEEPSPEED"):
+        return
+    import sys
+    from unittest import mock
+
+    import accelerate.utils.other
+
+    unwrap = accelerator.unwrap_model
+
+    def unwrap_model(model, *args, **kwargs):
+        if "deepspeed" in sys.modules:
+            return unwrap(model, *args, **kwargs)
+        with mock.patch.object(accelerate.utils.other, "is_deepspeed_available", return_value=False):
+            return unwrap(model, *args, **kwargs)
+
+    accelerator.unwrap_model = unwrap_model
+
+
 def prepare_args_for_deepspeed(args) -> None:
     """Checks and CPU fix-ups, before the accelerator is created (trainer `__init__`, before `super().__init__`).
 
@@ -136,6 +161,49 @@ def _shard_frozen_models(trainer) -> None:
     for name, ref in list(refs.items()):
         if ref is not None:
             refs[name] = prepare_deepspeed(ref, trainer.accelerator)
+
+
+@contextlib.contextmanager
+def generation_context(trainer, module):
+    """The module to generate with, for the length of one generation call (`AgentTeam.generate` enters it per agent).
+
+    ZeRO-3 with `ds3_gather_for_generation` (the default): the agent's weights are gathered once, and the engine's
+    parameter hooks are taken off the TeamModel until the call ends, then registered again. TRL's
+    `unwrap_model_for_generation` does this only when handed the engine itself; handed an agent (a sub-module, which
+    has no `optimizer` attribute) it gathered the weights but left the hooks on, and their post-forward release
+    re-partitioned the weights so that every decoding step gathered them again (the ZeRO-3 profile in
+    docs/benchmarks.md). With `ds3_gather_for_generation=False` the hooks stay and gather layer by layer (less memory,
+    slower). ZeRO-2 and plain runs hold full weights: the module itself.
+    """
+    if zero_stage(trainer) != 3 or not trainer.args.ds3_gather_for_generation:
+        yield module
+        return
+    import deepspeed
+
+    offload = _zero3_parameter_offload(trainer.model_wrapped)
+    with deepspeed.zero.GatheredParameters(list(module.parameters())):
+        for param in offload.module.parameters():
+            param.ds_active_sub_modules.clear()
+        for hook in offload.forward_hooks + offload.backward_hooks:
+            hook.remove()
+        offload.forward_hooks, offload.backward_hooks = [], []
+        try:
+            yield module
+        finally:
+            # Registering on the root module also invalidates the prefetch trace recorded before generation.
+            offload._register_deepspeed_module(offload.module)
+
+
+def _zero3_parameter_offload(engine):
+    """The object that owns a ZeRO-3 engine's module hooks (DeepSpeedZeRoOffload)."""
+    optimizer = getattr(engine, "optimizer", None)
+    offload = getattr(optimizer, "parameter_offload", None)
+    if offload is None or not hasattr(offload, "forward_hooks"):
+        raise RuntimeError(
+            "ZeRO-3 generation: the DeepSpeed engine has no parameter-offload hooks to lift (its optimizer is "
+            f"{type(optimizer).__name__}); set `ds3_gather_for_generation=False` to generate through the hooks."
+        )
+    return offload
 
 
 @contextlib.contextmanager

@@ -75,6 +75,11 @@ class TeamConfig(_BaseConfig):
             Compute the leading tokens that all rows of a training forward share (a task's instructions, the G samples
             of one prompt) once instead of once per row. Same numbers up to float rounding; falls back to the plain
             forward where it cannot apply (see trl_collm/prefix.py).
+        use_transformers_continuous_batching (`bool`, *optional*, defaults to `False`):
+            Generate rollouts with transformers' continuous batching (`generate_batch`) instead of `generate()`; LoRA
+            teams run one call per adapter (see docs/generation.md).
+        transformers_continuous_batching_config (`dict | str`, *optional*, defaults to `None`):
+            Keyword arguments for `transformers.generation.ContinuousBatchingConfig` (a dict or JSON string).
 
         > Parameters that control rewards and episodes
 
@@ -186,6 +191,20 @@ class TeamConfig(_BaseConfig):
                   "the plain forward where it cannot apply (see trl_collm/prefix.py)."},
     )
 
+
+    # Generation backend: TRL 1.16's GRPOConfig names and types. Read by trl_collm/generation.py (`make_backend`);
+    # documented in docs/generation.md.
+    use_transformers_continuous_batching: bool = field(
+        default=False,
+        metadata={"help": "Generate rollouts with transformers' continuous batching (`generate_batch`: paged KV cache, "
+                  "continuous batching, CUDA graphs on GPU) instead of `generate()`. LoRA teams run one call per adapter. "
+                  "Same sampling settings, stop token and response_length (see docs/generation.md)."},
+    )
+    transformers_continuous_batching_config: dict | str | None = field(
+        default=None,
+        metadata={"help": "Keyword arguments for `transformers.generation.ContinuousBatchingConfig` (a dict or JSON "
+                  "string). Default on GPU: max_memory_percent=0.5, as in TRL; on CPU the cache is sized to each call."},
+    )
 
     max_prompt_length: int | None = field(
         default=None,

@@ -1,0 +1,222 @@
+"""Generation backends (trl_collm/generation.py): transformers' continuous batching against HF generate().
+
+Greedy outputs must be identical token for token (separate models and LoRA teams, stop token, response length);
+sampled outputs must follow the sampling distribution (chi-square goodness of fit on the first token, which also
+rejects a wrong temperature); both trainers train on the continuous-batching backend. Also: building a trainer
+does not import deepspeed.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from datasets import Dataset
+from peft import LoraConfig
+
+from trl_collm.generation import (
+    ContinuousBatchingBackend,
+    GenerateBackend,
+    make_backend,
+)
+
+# A small paged cache: transformers would otherwise size it from the machine's free RAM.
+CB_CONFIG = {"page_size": 16}
+PROMPTS = ["count one and", "two plus three is", "the team writes the plan", "def aux(x): return x", "red wool"]
+
+
+def _trainer(tmp_path, qwen_path, cb: bool, lora: bool = False, trainer: str = "ppo", **overrides):
+    from conftest import RUN_SETTINGS
+
+    from trl_collm import (
+        MultiAgentMCConfig,
+        MultiAgentMCTrainer,
+        MultiAgentPPOConfig,
+        MultiAgentPPOTrainer,
+    )
+
+    settings = dict(RUN_SETTINGS, output_dir=str(tmp_path / "out"), num_agents=2, response_length=6,
+                    per_device_train_batch_size=4, total_episodes=4, learning_rate=1e-3, seed=0,
+                    use_transformers_continuous_batching=cb, transformers_continuous_batching_config=CB_CONFIG)
+    settings.update(overrides)
+    if trainer == "mc":
+        args, cls = MultiAgentMCConfig(num_generations=2, **settings), MultiAgentMCTrainer
+    else:
+        args, cls = MultiAgentPPOConfig(**settings), MultiAgentPPOTrainer
+    peft = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]) if lora else None
+    rows = Dataset.from_dict({"prompt": PROMPTS[:4]})
+    def reward(prompts, completions, **kw):
+        return [float(len(c[0]) % 3) for c in completions]
+    return cls(args=args, model=qwen_path, peft_config=peft, train_dataset=rows, reward_funcs=reward)
+
+
+def _distinct_lora(team):
+    """LoRA B starts at zero (every adapter = the base): give the adapters different weights."""
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, param in team.shared_base.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0.0, 0.5)
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["separate", "lora"])
+def test_greedy_continuous_batching_equals_generate(tmp_path, qwen_path, lora):
+    trainer = _trainer(tmp_path, qwen_path, cb=True, lora=lora)
+    team = trainer.team
+    assert isinstance(team.generation_backend, ContinuousBatchingBackend)
+    if lora:
+        _distinct_lora(team)
+    trainer.model.eval()
+    observations = {a: [p + f" {a}" for p in PROMPTS] for a in team.names}
+    kwargs = trainer.generation_kwargs(greedy=True)
+    cb = team.generate(observations, "cpu", kwargs)
+    team.generation_backend = GenerateBackend()
+    plain = team.generate(observations, "cpu", kwargs)
+    a, b = team.names
+    assert not torch.equal(plain[a].response_ids, plain[b].response_ids)  # the agents answer differently
+    for name in team.names:
+        assert cb[name].response_ids.shape[1] == plain[name].response_ids.shape[1] == trainer.args.response_length
+        for field in ("query_ids", "query_mask", "response_ids", "response_mask", "ended"):
+            assert torch.equal(getattr(cb[name], field), getattr(plain[name], field)), (name, field)
+        assert cb[name].texts == plain[name].texts
+
+    # A stop token that greedy decoding produces mid-answer: both backends stop there and mask the rest.
+    response = plain[a].response_ids[0]
+    stop = int(response[2])
+    kwargs = dict(kwargs, eos_token_id=stop)
+    plain = team.generate(observations, "cpu", kwargs, stop_token_id=stop)
+    team.generation_backend = make_backend(trainer.args)
+    cb = team.generate(observations, "cpu", kwargs, stop_token_id=stop)
+    assert bool(plain[a].ended[0]) and int(plain[a].response_mask[0].sum()) <= 3
+    for name in team.names:
+        for field in ("response_ids", "response_mask", "ended"):
+            assert torch.equal(getattr(cb[name], field), getattr(plain[name], field)), (name, field)
+
+
+def _first_token_probs(model, ids, temperature, top_k):
+    """The exact sampling distribution of the first new token: softmax(logits / T) over the top-k logits."""
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, -1] / temperature
+    keep = logits.topk(top_k).indices
+    probs = torch.zeros_like(logits)
+    probs[keep] = torch.softmax(logits[keep], dim=-1)
+    return probs
+
+
+def _chi_square_p(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    support = probs > 0
+    assert int(counts[~support].sum()) == 0, "a token outside the top-k was sampled"
+    observed, expected = counts[support].double(), probs[support].double() * counts.sum()
+    statistic = ((observed - expected) ** 2 / expected).sum()
+    dof = torch.tensor(float(int(support.sum()) - 1), dtype=torch.float64)
+    return float(torch.special.gammaincc(dof / 2, statistic / 2))  # the chi-square survival function
+
+
+def test_sampled_first_tokens_follow_the_sampling_distribution(tiny_lm):
+    """2,000 samples of the first token from each backend against the exact top-k / temperature distribution.
+
+    A backend that ignored the temperature fails: the same test rejects the counts against the T=1 distribution.
+    """
+    model, tok = tiny_lm
+    prompt = tok("the team writes the plan", add_special_tokens=False, return_tensors="pt")["input_ids"]
+    n, temperature, top_k = 2000, 0.5, 6
+    ids = prompt.expand(n, -1).contiguous()
+    mask = torch.ones_like(ids)
+    kwargs = {"max_new_tokens": 1, "do_sample": True, "temperature": temperature, "top_k": top_k, "top_p": 1.0,
+              "pad_token_id": tok.pad_token_id}
+    probs = _first_token_probs(model, prompt, temperature, top_k)
+    wrong = _first_token_probs(model, prompt, 1.0, top_k)
+    assert float((probs - wrong).abs().sum()) > 0.2  # the two distributions are far enough apart to tell
+    torch.manual_seed(0)
+    for backend in (GenerateBackend(), ContinuousBatchingBackend(CB_CONFIG)):
+        out = backend.generate(model, ids, mask, kwargs, batch_size=500)
+        first = out[:, ids.shape[1]]
+        counts = torch.bincount(first, minlength=probs.numel())
+        assert _chi_square_p(counts, probs) > 1e-3, backend.name
+        assert _chi_square_p(counts, wrong) < 1e-6, backend.name
+
+
+@pytest.fixture(scope="module")
+def tiny_lm(model_cache):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trl_collm.testing import tiny_model_dir
+
+    path = tiny_model_dir("tiny-qwen2")
+    model = AutoModelForCausalLM.from_pretrained(path).eval()
+    with torch.no_grad():  # random init gives near-flat logits; sharpen them so temperatures differ visibly
+        model.lm_head.weight.mul_(10.0)
+    return model, AutoTokenizer.from_pretrained(path)
+
+
+@pytest.mark.parametrize("trainer_kind,lora", [("ppo", False), ("mc", True)], ids=["ppo-separate", "mc-lora"])
+def test_training_runs_on_continuous_batching(tmp_path, qwen_path, trainer_kind, lora):
+    from unittest import mock
+
+    trainer = _trainer(tmp_path, qwen_path, cb=True, lora=lora, trainer=trainer_kind)
+    model = trainer.team.model_of(trainer.team.names[0])
+    owner = type(model.get_base_model() if lora else model)  # the transformers class that owns generate_batch
+    generate_batch, calls = owner.generate_batch, []
+
+    def counting(self, prompts, *a, **k):
+        calls.append(len(prompts))
+        return generate_batch(self, prompts, *a, **k)
+
+    before = {a: [p.detach().clone() for p in trainer.team.agent_parameters(a)] for a in trainer.team.names}
+    with mock.patch.object(owner, "generate_batch", counting):
+        trainer.train()
+    assert calls, "continuous batching never ran"
+    if lora:
+        assert len(calls) == 2  # one generate_batch call per adapter
+    for a in trainer.team.names:
+        moved = any(not torch.equal(p0, p1) for p0, p1 in zip(before[a], trainer.team.agent_parameters(a)))
+        assert moved, f"agent {a} did not train"
+    history = trainer._metrics_history
+    assert history and all(torch.isfinite(torch.tensor(float(h["loss/policy_avg"]))) for h in history)
+
+
+def test_continuous_batching_refuses_settings_it_would_drop(tiny_lm):
+    model, tok = tiny_lm
+    ids = tok("red wool", return_tensors="pt")["input_ids"]
+    with pytest.raises(ValueError, match="repetition_penalty"):
+        ContinuousBatchingBackend(CB_CONFIG).generate(model, ids, torch.ones_like(ids),
+                                                      {"max_new_tokens": 2, "pad_token_id": 0, "repetition_penalty": 1.3})
+    with pytest.raises(ValueError, match="transformers_continuous_batching_config has unknown keys"):
+        ContinuousBatchingBackend({"pages": 3})
+
+
+def test_building_a_trainer_does_not_import_deepspeed(tmp_path, qwen_path):
+    code = f"""
+import sys
+from datasets import Dataset
+from trl_collm import MultiAgentPPOConfig, MultiAgentPPOTrainer
+args = MultiAgentPPOConfig(output_dir={str(tmp_path)!r}, num_agents=2, per_device_train_batch_size=2, response_length=4,
+                           report_to=[], use_cpu=True, bf16=False, save_strategy="no", total_episodes=2)
+trainer = MultiAgentPPOTrainer(args=args, model={qwen_path!r}, train_dataset=Dataset.from_dict({{"prompt": ["a b", "c d"]}}),
+                               reward_funcs=lambda prompts, completions, **k: [0.0] * len(prompts))
+built = "deepspeed" in sys.modules
+trainer.train()
+print({{"built": built, "trained": "deepspeed" in sys.modules}})
+"""
+    import importlib.util
+
+    if importlib.util.find_spec("deepspeed") is None:
+        pytest.skip("deepspeed is not installed: nothing to keep unimported")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1].replace("'", '"').replace("False", "false").replace("True", "true"))
+    assert result == {"built": False, "trained": False}
+
+
+def test_eval_and_play_flags_select_the_backend():
+    from trl_collm.cli import _eval_parser
+
+    parser = _eval_parser("trl-collm play", play=True)
+    base = ["--team_dir", "t", "--task", "coord-penalty"]
+    assert isinstance(make_backend(parser.parse_args(base)), GenerateBackend)
+    backend = make_backend(parser.parse_args([*base, "--use_transformers_continuous_batching",
+                                              "--transformers_continuous_batching_config", '{"page_size": 16}']))
+    assert isinstance(backend, ContinuousBatchingBackend) and backend.config == {"page_size": 16}

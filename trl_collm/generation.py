@@ -1,0 +1,163 @@
+"""Generation backends: how a batch of left-padded prompts becomes sampled tokens.
+
+`AgentTeam.generate` hands every backend the same thing (one model, left-padded prompt ids and mask, the trainer's
+generation kwargs) and expects the same thing back: what `model.generate(input_ids=ids, attention_mask=mask)`
+returns, the prompt columns followed by the new tokens, right-padded with the pad token. The rest of the pipeline
+(stop-token masks, decoding, log-probs) never knows which backend ran.
+
+- `GenerateBackend` (default): HF `generate()`, in chunks of `local_rollout_forward_batch_size` rows, prefilling the
+  rows' shared prompt prefix once (`prefix.generate_with_prefix`). LoRA teams run all agents in one call, each row
+  routed to its adapter (PEFT mixed-adapter batch).
+- `ContinuousBatchingBackend` (`use_transformers_continuous_batching=True`): transformers' `generate_batch` (paged
+  KV cache, continuous batching, CUDA graphs on GPU; prompts sharing blocks are cached once). It takes one model
+  state per call, so a LoRA team runs one call per adapter (PEFT's per-row adapter routing does not reach it).
+
+A third backend (e.g. a vLLM engine) plugs in by implementing `generate` with the same contract; `make_backend`
+picks one from the trainer arguments.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import torch
+
+# The generation kwargs the continuous-batching path honours (transformers turns them into its per-request logits
+# processors). Anything else would be dropped silently by generate_batch, so it is refused instead.
+CB_SUPPORTED_KWARGS = frozenset({"max_new_tokens", "do_sample", "temperature", "top_p", "top_k", "pad_token_id", "eos_token_id"})
+
+
+class GenerateBackend:
+    """HF `generate()` in chunks of `batch_size` rows, with the shared-prefix prefill."""
+
+    name = "generate"
+
+    def generate(self, model, ids: torch.Tensor, mask: torch.Tensor, gen_kwargs: dict, batch_size: int | None = None,
+                 adapter_names: list[str] | None = None, share_prefix: bool = False, use_adapter=None) -> torch.Tensor:
+        from .prefix import generate_with_prefix
+
+        outs = []
+        step = batch_size or ids.shape[0] or 1
+        for start in range(0, ids.shape[0], step):
+            kwargs = dict(gen_kwargs)
+            if adapter_names is not None:
+                kwargs["adapter_names"] = adapter_names[start : start + step]
+            rows = slice(start, start + step)
+            outs.append(generate_with_prefix(model, ids[rows], mask[rows], kwargs, enabled=share_prefix))
+        return _right_pad_cat(outs, gen_kwargs["pad_token_id"])
+
+
+class ContinuousBatchingBackend:
+    """transformers' continuous batching (`generate_batch`) over every row of the call at once.
+
+    `config`: keyword arguments for `transformers.generation.ContinuousBatchingConfig` (TRL's
+    `transformers_continuous_batching_config`). As in TRL, `max_memory_percent` defaults to 0.5 on an accelerator
+    (the cache must leave room for training). On CPU, where transformers would size the cache from the machine's
+    free RAM, `num_blocks` and `max_batch_tokens` default to what the call's rows need.
+    Sampling draws from torch's global generator (transformers seeds its sampler from it), so seeded runs repeat.
+    """
+
+    name = "continuous_batching"
+
+    def __init__(self, config: dict | None = None):
+        if config is not None and not isinstance(config, dict):
+            raise TypeError(f"transformers_continuous_batching_config must be a dict (or JSON string), got {type(config).__name__}.")
+        self.config = dict(config or {})
+        _check_config_keys(self.config)
+
+    def generate(self, model, ids: torch.Tensor, mask: torch.Tensor, gen_kwargs: dict, batch_size: int | None = None,
+                 adapter_names: list[str] | None = None, share_prefix: bool = False, use_adapter=None) -> torch.Tensor:
+        unsupported = sorted(set(gen_kwargs) - CB_SUPPORTED_KWARGS)
+        if unsupported:
+            raise ValueError(
+                f"use_transformers_continuous_batching: the generation settings {unsupported} are not supported by "
+                "transformers' generate_batch (it would drop them); set use_transformers_continuous_batching=False."
+            )
+        prompts = [row[m.bool()].tolist() for row, m in zip(ids, mask)]
+        pad = gen_kwargs["pad_token_id"]
+        if adapter_names is None:
+            new = self._generate_batch(model, prompts, gen_kwargs)
+        else:
+            # One call per adapter: generate_batch runs one model state for all its requests.
+            new = [None] * len(prompts)
+            for name in dict.fromkeys(adapter_names):
+                rows = [i for i, a in enumerate(adapter_names) if a == name]
+                with (use_adapter(name) if use_adapter is not None else contextlib.nullcontext(model)) as m:
+                    for i, tokens in zip(rows, self._generate_batch(m, [prompts[i] for i in rows], gen_kwargs)):
+                        new[i] = tokens
+        width = max((len(t) for t in new), default=0)
+        out = torch.full((ids.shape[0], ids.shape[1] + width), pad, dtype=ids.dtype, device=ids.device)
+        out[:, : ids.shape[1]] = ids
+        for i, tokens in enumerate(new):
+            if tokens:
+                out[i, ids.shape[1] : ids.shape[1] + len(tokens)] = torch.tensor(tokens, dtype=ids.dtype)
+        return out
+
+    def _generate_batch(self, model, prompts: list[list[int]], gen_kwargs: dict) -> list[list[int]]:
+        from transformers import GenerationConfig
+        from transformers.generation import ContinuousBatchingConfig
+
+        # A PEFT model's LoRA layers live inside the wrapped transformers model, which owns generate_batch.
+        inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+        base = inner.generation_config.to_dict() if getattr(inner, "generation_config", None) is not None else {}
+        # Start from the model's generation config (as generate() does: its eos token when no stop token is set),
+        # then the trainer's settings; `top_k=0` / `top_p=1.0` turn those filters off as they do in generate().
+        config = GenerationConfig(**{**base, **gen_kwargs})
+        config.num_return_sequences = 1
+        cb = dict(self.config)
+        max_new = int(gen_kwargs["max_new_tokens"])
+        if inner.device.type == "cpu":
+            page = int(cb.get("page_size", 256))
+            cb.setdefault("page_size", page)
+            cb.setdefault("num_blocks", sum(math.ceil((len(p) + max_new) / page) for p in prompts) + 1)
+            cb.setdefault("max_batch_tokens", max(64, min(8192, sum(len(p) for p in prompts))))
+        else:
+            cb.setdefault("max_memory_percent", 0.5)
+        was_training = inner.training
+        outputs = inner.generate_batch(
+            prompts, generation_config=config, continuous_batching_config=ContinuousBatchingConfig(**cb),
+            progress_bar=False, max_new_tokens=max_new,
+        )
+        inner.train(was_training)
+        results = list(outputs.values())
+        failed = [o.request_id for o in results if o.error is not None]
+        if len(results) != len(prompts) or failed:
+            raise RuntimeError(
+                f"transformers' generate_batch returned {len(results)} of {len(prompts)} completions"
+                + (f" ({len(failed)} failed: {results[0].error if failed else ''})" if failed else "")
+                + "; see the transformers log above, or set use_transformers_continuous_batching=False."
+            )
+        return [list(o.generated_tokens)[:max_new] for o in results]
+
+
+def make_backend(args=None):
+    """The backend the trainer arguments ask for (`use_transformers_continuous_batching`), else HF generate()."""
+    if args is not None and getattr(args, "use_transformers_continuous_batching", False):
+        config = getattr(args, "transformers_continuous_batching_config", None)
+        if isinstance(config, str):  # from the command line
+            import json
+
+            config = json.loads(config)
+        return ContinuousBatchingBackend(config)
+    return GenerateBackend()
+
+
+def _check_config_keys(config: dict) -> None:
+    from dataclasses import fields
+
+    from transformers.generation import ContinuousBatchingConfig
+
+    known = {f.name for f in fields(ContinuousBatchingConfig)}
+    unknown = sorted(set(config) - known)
+    if unknown:
+        raise ValueError(
+            f"transformers_continuous_batching_config has unknown keys {unknown}; it takes the keyword arguments of "
+            f"transformers.generation.ContinuousBatchingConfig ({', '.join(sorted(known))})."
+        )
+
+
+def _right_pad_cat(outs: list[torch.Tensor], pad_id: int) -> torch.Tensor:
+    # Chunks may stop at different lengths; right-pad them to one width with the pad token.
+    width = max(o.shape[1] for o in outs)
+    return torch.cat([torch.nn.functional.pad(o, (0, width - o.shape[1]), value=pad_id) for o in outs], dim=0)
