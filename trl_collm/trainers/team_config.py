@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, fields
 from trl.trainer.base_config import _BaseConfig
 
 from ..ranges import check_numeric_fields
+from .supported_args import check_training_arguments
 
 # The choices of the shared fields (each trainer's config adds its own).
 TEAM_CHOICES = {
@@ -261,6 +262,8 @@ class TeamConfig(_BaseConfig):
             self.bf16 = not self.use_cpu and is_torch_bf16_gpu_available()
         # Before TrainingArguments' own checks, so every bad number gets a message naming its field.
         check_numeric_fields(self)
+        # Every TrainingArguments field either works or is refused here (trainers/supported_args.py).
+        check_training_arguments(self)
         super().__post_init__()
         self._validate()
 
