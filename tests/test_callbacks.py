@@ -45,8 +45,8 @@ def _trainer(tmp_path, make_config, qwen_path, dataset, reward=_constant, callba
     kwargs = dict(agent_names=["a", "b"], num_ppo_epochs=1, total_episodes=None)
     kwargs.update(overrides)
     args = make_config(tmp_path, **kwargs)
-    return MultiAgentPPOTrainer(args=args, model=qwen_path, train_dataset=dataset, eval_dataset=dataset.select(range(2)),
-                                reward_funcs=reward, callbacks=callbacks)
+    return MultiAgentPPOTrainer(args=args, model=qwen_path, train_dataset=dataset,
+                                eval_dataset=dataset.select(range(2)), reward_funcs=reward, callbacks=callbacks)
 
 
 def test_two_epoch_run_fires_the_trainer_events_in_order(tmp_path, qwen_path, prompts_dataset, make_config):

@@ -95,7 +95,8 @@ def test_length_settings_that_contradict_each_other_are_refused():
 def test_the_cli_refuses_an_ignored_flag_in_one_line(capsys):
     from trl_collm.cli import main
 
-    code = main(["ppo", "--config", str(ROOT / "examples/configs/coord-penalty/cc-cpu.yaml"), "--torch_compile", "true"])
+    config = str(ROOT / "examples/configs/coord-penalty/cc-cpu.yaml")
+    code = main(["ppo", "--config", config, "--torch_compile", "true"])
     err = capsys.readouterr().err
     assert code == 2 and "`torch_compile`=True is not supported" in err and len(err.strip().splitlines()) == 1
 
@@ -137,11 +138,14 @@ def test_default_optim_is_transformers_fused_adamw(tmp_path, qwen_path, prompts_
     assert isinstance(opt, torch.optim.AdamW) and opt.defaults["fused"] is True
 
 
+def _by_length(prompts, completions, **kw):
+    return [float(len(a) % 3) for a, _ in completions]
+
+
 def _one_sgd_update(tmp_path, qwen_path, dataset, make_config, **kw):
     args = make_config(tmp_path, agent_names=["a", "b"], optim="sgd", learning_rate=0.5, num_ppo_epochs=1,
                        total_episodes=4, max_grad_norm=None, kl_coef=0.0, **kw)
-    trainer = MultiAgentPPOTrainer(args=args, model=qwen_path, train_dataset=dataset,
-                                   reward_funcs=lambda prompts, completions, **k: [float(len(a) % 3) for a, _ in completions])
+    trainer = MultiAgentPPOTrainer(args=args, model=qwen_path, train_dataset=dataset, reward_funcs=_by_length)
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
     trainer.train()
     return {n: p.detach() - before[n] for n, p in trainer.model.named_parameters() if n in before}

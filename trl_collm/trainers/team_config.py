@@ -32,7 +32,8 @@ class TeamConfig(_BaseConfig):
     r"""Fields shared by the team trainers: the team, generation, rewards and episodes.
 
     Every field is also a command-line flag (`TrlParser`); the `transformers.TrainingArguments` fields (output_dir,
-    seed, per_device_train_batch_size, bf16, report_to, ...) apply as documented there.
+    seed, per_device_train_batch_size, bf16, report_to, ...) apply as documented there, or are refused when set:
+    `trainers/supported_args.py` says which, field by field.
 
     Parameters:
         > Parameters that define the team
