@@ -113,11 +113,13 @@ def test_the_docs_carry_the_table():
 
 
 def test_max_steps_caps_the_iterations(tmp_path, qwen_path, prompts_dataset, make_config):
-    args = make_config(tmp_path, agent_names=["a", "b"], total_episodes=None, max_steps=1, num_ppo_epochs=1)
+    args = make_config(tmp_path, agent_names=["a", "b"], total_episodes=None, max_steps=1, num_ppo_epochs=1,
+                       exp_name="exp")
     trainer = MultiAgentPPOTrainer(args=args, model=qwen_path, train_dataset=prompts_dataset, reward_funcs=_reward)
     out = trainer.train()
     assert out.global_step == 1 and len(trainer.metrics_history) == 1  # 3 epochs of 2 iterations without it
     assert trainer.state.max_steps == 1
+    assert args.run_name.startswith("exp__0__")  # TRL PPO's run name from exp_name and seed
 
 
 @pytest.mark.parametrize("optim, cls_name", [("adamw_torch", "AdamW"), ("sgd", "SGD"), ("adafactor", "Adafactor"),
