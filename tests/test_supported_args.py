@@ -133,11 +133,14 @@ def test_optim_picks_the_optimizer(tmp_path, qwen_path, prompts_dataset, make_co
     assert [g["lr"] for g in opt.param_groups] == [1e-3, 1e-3, 5e-4]
 
 
-def test_default_optim_is_transformers_fused_adamw(tmp_path, qwen_path, prompts_dataset, make_config):
-    trainer = MultiAgentPPOTrainer(args=make_config(tmp_path, agent_names=["a", "b"]), model=qwen_path,
+@pytest.mark.parametrize("optim, fused", [(None, None), ("adamw_torch_fused", True)])
+def test_default_optim_is_plain_adamw(tmp_path, qwen_path, prompts_dataset, make_config, optim, fused):
+    extra = {} if optim is None else {"optim": optim}
+    trainer = MultiAgentPPOTrainer(args=make_config(tmp_path, agent_names=["a", "b"], **extra), model=qwen_path,
                                    train_dataset=prompts_dataset, reward_funcs=_reward)
     opt = trainer.create_optimizer()
-    assert isinstance(opt, torch.optim.AdamW) and opt.defaults["fused"] is True
+    assert isinstance(opt, torch.optim.AdamW) and opt.defaults["fused"] is fused
+    assert opt.defaults["betas"] == (0.9, 0.999) and opt.defaults["eps"] == 1e-8
 
 
 def _by_length(prompts, completions, **kw):

@@ -70,7 +70,8 @@ SUPPORT: dict[str, Support] = {
     "accelerator_config": _h("passed to accelerate by transformers' Trainer"),
     # ------------------------------------------------------------------ optimizer and schedule
     "learning_rate": _h("actors (and critics unless critic_learning_rate)"),
-    "optim": _h("transformers' optimizer factory over one parameter group per agent and critic",
+    "optim": _h("transformers' optimizer factory over one parameter group per agent and critic (default here: "
+                "adamw_torch, the plain AdamW these trainers always used)",
                 allowed=OPTIMIZERS, example="sgd"),
     "optim_args": _h("passed to the optimizer as transformers' factory does", example="momentum=0.5"),
     "weight_decay": _h("applied to every trained parameter (transformers spares biases and norms)"),

@@ -101,6 +101,10 @@ class TeamConfig(_BaseConfig):
             Learning rate (actors; critics too unless `critic_learning_rate`).
         num_mini_batches (`int`, *optional*, defaults to `1`):
             Number of minibatches to split a batch into.
+        optim (`str`, *optional*, defaults to `'adamw_torch'`):
+            The optimizer, built by transformers' optimizer factory: 'adamw_torch', 'adamw_torch_fused', 'sgd',
+            'adafactor', 'adagrad' or 'rmsprop'. The default keeps torch's plain AdamW, which these trainers always
+            used (transformers 5 defaults to 'adamw_torch_fused', whose rounding differs).
         grad_clip_scope (`str`, *optional*, defaults to `'global'`):
             'global': one grad-norm clip over everything; 'per_module': each agent and critic clipped on its own.
         gradient_checkpointing (`bool`, *optional*, defaults to `None`):
@@ -227,6 +231,12 @@ class TeamConfig(_BaseConfig):
         default=None, metadata={"help": "End an episode early once the mean reward of a turn exceeds this value."}
     )
 
+    optim: str = field(
+        default="adamw_torch",
+        metadata={"help": "The optimizer, built by transformers' optimizer factory: 'adamw_torch', 'adamw_torch_fused', "
+                  "'sgd', 'adafactor', 'adagrad' or 'rmsprop'. The default keeps torch's plain AdamW, which these "
+                  "trainers always used (transformers 5 defaults to 'adamw_torch_fused', whose rounding differs)."},
+    )
     grad_clip_scope: str = field(
         default="global", metadata={"help": "'global': one grad-norm clip over everything; 'per_module': each agent and critic clipped on its own."}
     )
