@@ -233,9 +233,10 @@ class TeamConfig(_BaseConfig):
 
     optim: str = field(
         default="adamw_torch",
-        metadata={"help": "The optimizer, built by transformers' optimizer factory: 'adamw_torch', 'adamw_torch_fused', "
-                  "'sgd', 'adafactor', 'adagrad' or 'rmsprop'. The default keeps torch's plain AdamW, which these "
-                  "trainers always used (transformers 5 defaults to 'adamw_torch_fused', whose rounding differs)."},
+        metadata={"help": "The optimizer, built by transformers' optimizer factory: 'adamw_torch', "
+                  "'adamw_torch_fused', 'sgd', 'adafactor', 'adagrad' or 'rmsprop'. The default keeps torch's plain "
+                  "AdamW, which these trainers always used (transformers 5 defaults to 'adamw_torch_fused', whose "
+                  "rounding differs)."},
     )
     grad_clip_scope: str = field(
         default="global", metadata={"help": "'global': one grad-norm clip over everything; 'per_module': each agent and critic clipped on its own."}
