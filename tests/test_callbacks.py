@@ -188,3 +188,22 @@ def test_resume_restores_callback_states_when_asked(tmp_path, qwen_path, prompts
     # the best metric comes back from trainer_state.json either way; the counter only when restored
     assert second.state.best_metric == 1.0
     assert second.state.global_step == stopped_at
+
+
+def test_the_mc_trainer_keeps_the_same_contract(tmp_path, qwen_path, prompts_dataset):
+    from trl_collm import MultiAgentMCConfig, MultiAgentMCTrainer
+
+    rec = Recorder()
+    args = MultiAgentMCConfig(output_dir=str(tmp_path / "mc"), use_cpu=True, bf16=False, report_to=[],
+                              disable_tqdm=True, num_sample_generations=0, agent_names=["a", "b"],
+                              per_device_train_batch_size=2, num_generations=2, response_length=4, max_steps=2,
+                              logging_steps=1, eval_strategy="steps", eval_steps=1, save_strategy="steps",
+                              save_steps=1, seed=0)
+    trainer = MultiAgentMCTrainer(args=args, model=qwen_path, train_dataset=prompts_dataset,
+                                  eval_dataset=prompts_dataset.select(range(2)), reward_funcs=_constant,
+                                  callbacks=[rec])
+    trainer.train()
+    after_steps = [e for e in rec.events if e[0] in ("on_step_end", "on_log", "on_evaluate", "on_save")]
+    assert after_steps == [("on_step_end", 1), ("on_log", 1), ("on_log", 1), ("on_evaluate", 1), ("on_save", 1),
+                           ("on_step_end", 2), ("on_log", 2), ("on_log", 2), ("on_evaluate", 2), ("on_save", 2)]
+    assert sorted(p.name for p in (tmp_path / "mc").glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2"]
