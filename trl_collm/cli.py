@@ -198,9 +198,15 @@ def train(kind: str, argv: list[str]) -> str:
         else:
             model = _resolve_model(model_args.model_name_or_path)
         peft_config = get_peft_config(model_args)
+        # --resume_from_checkpoint DIR, or true for the newest complete checkpoint in output_dir
+        from .trainers.checkpoints import refuse_to_clobber, resolve
+
+        resume = resolve(args.resume_from_checkpoint, args.output_dir)
+        if resume is None:  # an earlier run's checkpoints: said here in one line, not as a traceback from train()
+            refuse_to_clobber(args.output_dir, args.overwrite_output_dir)
         trainer = trainer_cls(args=args, model=model, train_dataset=train_ds, eval_dataset=eval_ds, env=env,
                               peft_config=peft_config)
-    trainer.train()
+    trainer.train(resume_from_checkpoint=resume)
     trainer.save_model(args.output_dir)
     model_name = os.path.basename(os.path.normpath(args.output_dir))
     # the card's loader snippet calls get_task() with this: the built-in name, or the import path as given

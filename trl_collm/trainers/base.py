@@ -4,6 +4,7 @@ checkpoints, saving and the Hub push. The PPO and MC trainers only say how advan
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 import os
@@ -12,7 +13,8 @@ from collections import defaultdict
 
 import torch
 from torch.utils.data import DataLoader
-from transformers import TrainerState, set_seed
+from transformers import Trainer, TrainerState, set_seed
+from transformers.trainer_callback import ExportableState
 from transformers.trainer_utils import TrainOutput
 from trl.trainer.base_trainer import _BaseTrainer
 from trl.trainer.utils import disable_dropout_in_model
@@ -139,6 +141,10 @@ class TeamTrainerBase(_BaseTrainer):
         args.batch_size = args.local_batch_size * world
         args.mini_batch_size = max(1, args.batch_size // args.num_mini_batches)
         args.local_mini_batch_size = max(1, args.local_batch_size // args.num_mini_batches)
+        if args.max_steps is not None and args.max_steps > 0:  # as transformers: max_steps overrides the epochs
+            args.num_total_batches = args.max_steps
+            args.total_episodes = args.max_steps * args.batch_size
+            return
         if args.total_episodes is None:
             args.total_episodes = int(args.num_train_epochs * len(self.train_dataset))
         args.num_total_batches = max(1, math.ceil(args.total_episodes / args.batch_size))
@@ -151,7 +157,7 @@ class TeamTrainerBase(_BaseTrainer):
                 f"{args.local_batch_size} (per_device_train_batch_size * gradient_accumulation_steps * num_mini_batches); "
                 "lower per_device_train_batch_size or add rows."
             )
-        generator = torch.Generator().manual_seed(args.seed)
+        generator = torch.Generator().manual_seed(args.data_seed if args.data_seed is not None else args.seed)
         loader = DataLoader(
             self.train_dataset, batch_size=args.local_batch_size, shuffle=True, drop_last=True,
             collate_fn=lambda rows: rows, generator=generator,
@@ -178,12 +184,15 @@ class TeamTrainerBase(_BaseTrainer):
         return groups
 
     def create_optimizer(self, model=None):
+        """`optim` through transformers' optimizer factory (its class and keyword arguments: lr, betas, eps,
+        optim_args), over `param_groups()`; `weight_decay` applies to every trained parameter."""
         if self.optimizer is None:
             args = self.args
-            self.optimizer = torch.optim.AdamW(
-                self.param_groups(), lr=args.learning_rate, betas=(args.adam_beta1, args.adam_beta2),
-                eps=args.adam_epsilon, weight_decay=args.weight_decay,
-            )
+            optimizer_cls, kwargs = Trainer.get_optimizer_cls_and_kwargs(args)
+            kwargs = dict(kwargs)
+            if "weight_decay" in inspect.signature(optimizer_cls).parameters:
+                kwargs.setdefault("weight_decay", args.weight_decay)
+            self.optimizer = optimizer_cls(self.param_groups(), **kwargs)
         return self.optimizer
 
     def _clip_gradients(self, agents: list[str]):
@@ -234,11 +243,13 @@ class TeamTrainerBase(_BaseTrainer):
             with distributed.engine_backward(self) as engine:
                 self._accumulate(scored, pairs, agents, logs, micro)
                 skipped_before = engine.skipped_steps
+                self.control = self.callback_handler.on_pre_optimizer_step(self.args, self.state, self.control)
                 engine.step()
             if engine.skipped_steps > skipped_before:
                 self.nonfinite_steps.skipped("gradients")
                 return
             self.nonfinite_steps.stepped()
+            self.control = self.callback_handler.on_optimizer_step(self.args, self.state, self.control)
             if self.lr_scheduler is not None:
                 self.lr_scheduler.step()
             return
@@ -254,7 +265,9 @@ class TeamTrainerBase(_BaseTrainer):
             return
         self.nonfinite_steps.stepped()
         self._clip_gradients(agents)
+        self.control = self.callback_handler.on_pre_optimizer_step(self.args, self.state, self.control)
         self.optimizer.step()
+        self.control = self.callback_handler.on_optimizer_step(self.args, self.state, self.control)
         if self.lr_scheduler is not None:
             self.lr_scheduler.step()
 
@@ -271,13 +284,18 @@ class TeamTrainerBase(_BaseTrainer):
         the active adapter changes between losses, and activation checkpointing must recompute with the adapter that
         was active."""
         finite = True
-        for mpairs in pairs.split(micro):
+        # (transformers' Trainer leaves accelerate's gradient_accumulation_steps at 1, so `accelerator.backward` does
+        # not divide: the weights below alone make the minibatch mean over all its micro-batches.)
+        parts = pairs.split(micro)
+        for k, mpairs in enumerate(parts):
             weight = len(mpairs) / len(pairs)  # micro losses are means; weight them to the minibatch mean
             for loss, rows in self.step_losses(scored, mpairs, agents, logs):
                 # Backpropagated even when non-finite, so that every rank runs the same collectives; the step is
                 # then dropped by `_step`.
                 finite = finite and bool(torch.isfinite(loss.detach()).all())
                 self.accelerator.backward(loss * weight * rows / len(mpairs))
+            if k < len(parts) - 1:  # transformers' event for an accumulation step that is not an optimizer step
+                self.control = self.callback_handler.on_substep_end(self.args, self.state, self.control)
         return finite
 
     def step_losses(self, scored, mpairs: torch.Tensor, agents: list[str], logs):
@@ -344,25 +362,46 @@ class TeamTrainerBase(_BaseTrainer):
 
     # ------------------------------------------------------------------ the loop
     def train(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None, **kwargs):
+        """Iterations of rollout + update, with transformers' callback contract: on_train_begin, on_epoch_begin /
+        on_epoch_end (an epoch is one pass of the rollout loader over train_dataset), on_step_begin / on_step_end
+        (a step is one iteration), on_pre_optimizer_step / on_optimizer_step / on_substep_end, on_log, on_evaluate,
+        on_save, on_train_end. What happens after a step or an epoch is decided by `control.should_log /
+        should_evaluate / should_save / should_epoch_stop / should_training_stop`, which transformers'
+        DefaultFlowCallback sets from the logging / eval / save strategies and any callback may set too."""
         args = self.args
+        if resume_from_checkpoint is None:  # TrainingArguments carries it (the CLI's --resume_from_checkpoint)
+            resume_from_checkpoint = args.resume_from_checkpoint
         checkpoint = checkpoints.resolve(resume_from_checkpoint, args.output_dir)
         if checkpoint is None and self.is_world_process_zero():
             checkpoints.refuse_to_clobber(args.output_dir, args.overwrite_output_dir)
+        if args.load_best_model_at_end and self.is_deepspeed_enabled:
+            raise ValueError("`load_best_model_at_end` is not supported under DeepSpeed (ZeRO partitions the "
+                             "parameters); load the best checkpoint's team from state.best_model_checkpoint instead.")
+        if args.run_name is None:  # TRL's PPO named its runs so
+            args.run_name = f"{args.exp_name}__{args.seed}__{int(time.time())}"
         self._batch_sizes()
         loader = self._rollout_loader()
+        steps_per_epoch = len(loader)  # iterations in one pass over train_dataset
         steps_per_iteration = self.optimizer_steps_per_iteration()
         self.create_optimizer_and_scheduler(num_training_steps=args.num_total_batches * steps_per_iteration)
         if self.is_deepspeed_enabled and self.model_wrapped is self.model:
             distributed.prepare_model_and_optimizer(self)  # TeamModel + optimizer -> one DeepSpeed engine
         self.state = TrainerState(
             is_local_process_zero=self.is_local_process_zero(), is_world_process_zero=self.is_world_process_zero(),
+            stateful_callbacks=self._exportable_callbacks(),
         )
         self.state.max_steps = args.num_total_batches
-        self.state.num_train_epochs = args.num_train_epochs
-        self.state.logging_steps = args.logging_steps if args.logging_steps >= 1 else max(1, int(args.logging_steps * args.num_total_batches))
-        self.state.save_steps = args.save_steps if args.save_steps >= 1 else max(1, int(args.save_steps * args.num_total_batches))
+        self.state.num_train_epochs = math.ceil(args.num_total_batches / steps_per_epoch)
+        self.state.train_batch_size = args.batch_size
+        self.state.compute_steps(args, args.num_total_batches)  # logging / eval / save steps (fractions of max)
         self.state.episode = 0
-        self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
+        handler = self.callback_handler
+        handler.model, handler.optimizer, handler.lr_scheduler = self.model, self.optimizer, self.lr_scheduler
+        handler.train_dataloader = loader
+        if checkpoint is not None:  # best metric and callback states first, so callbacks start from them
+            checkpoints.load_trainer_state(self.state, checkpoint)
+            self._load_callback_state()
+        self.control = handler.on_train_begin(args, self.state, self.control)
         sample_every = max(1, args.num_total_batches // args.num_sample_generations) if args.num_sample_generations > 0 else None
 
         def batches():
@@ -370,19 +409,31 @@ class TeamTrainerBase(_BaseTrainer):
                 yield from loader
 
         iterator = batches()
+        saved = None
         if checkpoint is not None:
             saved = checkpoints.load_checkpoint(self, checkpoint)
-            for _ in range(saved["global_step"]):  # the data position: the same shuffled order, fast-forwarded
-                next(iterator)
-            checkpoints.set_rng_state(saved["rng"])  # after skipping, so sampling continues exactly
+            if not args.ignore_data_skip:
+                for _ in range(saved["global_step"]):  # the data position: the same shuffled order, fast-forwarded
+                    next(iterator)
             self.state.global_step, self.state.episode = saved["global_step"], saved["episode"]
             self.state.log_history = saved["log_history"]
             self._metrics_history = list(saved["metrics_history"])
             logger.info("resumed from %s at iteration %d", checkpoint, saved["global_step"])
+        if args.eval_on_start:
+            self._evaluate_in_training()
+        if saved is not None:
+            checkpoints.set_rng_state(saved["rng"])  # after skipping (and evaluating), so sampling continues exactly
         start = time.time()
         loss_sum = 0.0
-        for update in range(self.state.global_step + 1, args.num_total_batches + 1):
-            self.control = self.callback_handler.on_step_begin(args, self.state, self.control)
+        self._last_logged_step = self.state.global_step
+        position = self.state.global_step % steps_per_epoch  # iterations done in the current pass
+        epoch = self.state.global_step // steps_per_epoch
+        epoch_started = False  # a resumed run starts (the rest of) an epoch too, as transformers
+        while self.state.global_step < args.num_total_batches:
+            if not epoch_started:
+                self.control = handler.on_epoch_begin(args, self.state, self.control)
+                epoch_started = True
+            self.control = handler.on_step_begin(args, self.state, self.control)
             rows = next(iterator)
             t0 = time.time()
             with self.accelerator.autocast():  # bf16 / fp16 mixed precision, as transformers.Trainer does
@@ -391,7 +442,8 @@ class TeamTrainerBase(_BaseTrainer):
             metrics["train/nonfinite_steps_skipped"] = self.nonfinite_steps.take_iteration_count()
             self.state.episode += args.batch_size
             self.state.global_step += 1
-            self.state.epoch = self.state.episode / max(1, len(self.train_dataset))
+            position += 1
+            self.state.epoch = epoch + position / steps_per_epoch
             metrics["eps"] = int(self.state.episode / max(time.time() - start, 1e-9))
             metrics["episode"] = self.state.episode
             metrics["lr"] = self.lr_scheduler.get_last_lr()[0] if self.lr_scheduler is not None else args.learning_rate
@@ -399,17 +451,76 @@ class TeamTrainerBase(_BaseTrainer):
                 metrics = _fold_single_agent_metrics(metrics, self.team.names[0])
             loss_sum += float(metrics.get("loss/policy_avg", 0.0))
             self._metrics_history.append(dict(metrics))
-            self.control = self.callback_handler.on_step_end(args, self.state, self.control)
-            if self.state.global_step % self.state.logging_steps == 0 or update == args.num_total_batches:
-                self.log(metrics)
-            if args.save_strategy == "steps" and self.state.global_step % self.state.save_steps == 0:
-                checkpoints.save_checkpoint(self, args.output_dir)
-            if sample_every and update % sample_every == 0 and self.eval_dataset is not None:
+            if args.torch_empty_cache_steps and self.state.global_step % args.torch_empty_cache_steps == 0:
+                from accelerate.utils.memory import clear_device_cache
+
+                clear_device_cache()
+            self.control = handler.on_step_end(args, self.state, self.control)
+            last = self.state.global_step >= args.num_total_batches
+            if last and args.logging_strategy != "no":
+                self.control.should_log = True  # the last iteration is always logged (as before this contract)
+            self._log_save_evaluate(metrics)
+            stop = self.control.should_training_stop
+            if position == steps_per_epoch or last or stop or self.control.should_epoch_stop:
+                if position < steps_per_epoch and not (last or stop):
+                    for _ in range(steps_per_epoch - position):  # should_epoch_stop: skip the rest of this pass
+                        next(iterator)
+                self.control = handler.on_epoch_end(args, self.state, self.control)
+                self._log_save_evaluate(metrics)
+                position, epoch, epoch_started = 0, epoch + 1, False
+                self.state.epoch = float(epoch)
+            if sample_every and self.state.global_step % sample_every == 0 and self.eval_dataset is not None:
                 self.generate_completions(sampling=True)
             if self.control.should_training_stop:
                 break
-        self.control = self.callback_handler.on_train_end(args, self.state, self.control)
+        if args.load_best_model_at_end and self.state.best_model_checkpoint is not None:
+            logger.info("loading the best checkpoint %s (%s=%s)", self.state.best_model_checkpoint,
+                        args.metric_for_best_model, self.state.best_metric)
+            checkpoints.load_parameters(self, self.state.best_model_checkpoint)
+        self.control = handler.on_train_end(args, self.state, self.control)
         return TrainOutput(self.state.global_step, loss_sum / max(1, self.state.global_step), self._metrics_history[-1] if self._metrics_history else {})
+
+    def _exportable_callbacks(self) -> list:
+        return [cb for cb in self.callback_handler.callbacks + [self.control] if isinstance(cb, ExportableState)]
+
+    def _log_save_evaluate(self, metrics: dict) -> None:
+        """Act on the control flags after an iteration or an epoch, as transformers.Trainer does: log the
+        iteration's metrics, evaluate (best metric; save_strategy='best' saves on a new best), save a checkpoint."""
+        if self.control.should_log and self.state.global_step > self._last_logged_step:
+            self._last_logged_step = self.state.global_step
+            self.log(metrics)
+        if self.control.should_evaluate:
+            self._evaluate_in_training()
+        if self.control.should_save:
+            self._save_checkpoint()
+
+    def _evaluate_in_training(self) -> dict:
+        if self.eval_dataset is None:
+            raise ValueError("an evaluation was asked for (eval_strategy, eval_on_start or a callback's "
+                             "control.should_evaluate) but the trainer has no `eval_dataset`; pass one.")
+        metrics = self.evaluate()
+        new_best = self._determine_best_metric(metrics=metrics, trial=None)
+        if self.args.save_strategy == "best":
+            self.control.should_save = new_best
+        return metrics
+
+    def _save_checkpoint(self, model=None, trial=None) -> str:
+        """A resumable checkpoint-<iteration> (trainers/checkpoints.py), then on_save; with push_to_hub and
+        hub_strategy='every_save' the team is pushed too."""
+        args, state = self.args, self.state
+        path = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+        if args.metric_for_best_model is not None and state.best_global_step == state.global_step:
+            state.best_model_checkpoint = path
+        # trainer_state.json records each stateful callback (e.g. EarlyStoppingCallback's patience) as transformers
+        states: dict[str, list] = {}
+        for cb in self._exportable_callbacks():
+            states.setdefault(type(cb).__name__, []).append(cb.state())
+        state.stateful_callbacks = {k: v[0] if len(v) == 1 else v for k, v in states.items()}
+        path = checkpoints.save_checkpoint(self, args.output_dir)
+        self.control = self.callback_handler.on_save(args, state, self.control)
+        if args.push_to_hub and args.hub_strategy == "every_save":
+            self.push_to_hub(commit_message=f"Training in progress, iteration {state.global_step}")
+        return path
 
     def optimizer_steps_per_iteration(self) -> int:
         raise NotImplementedError
@@ -436,8 +547,8 @@ class TeamTrainerBase(_BaseTrainer):
             totals["turns"] += float(roll.turn_mask.sum())
             count += len(rows)
         metrics = {f"{metric_key_prefix}_{k}": v / count for k, v in totals.items()}
-        if getattr(self, "state", None) is not None:
-            self.log(metrics)
+        self.log(metrics)
+        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics=metrics)
         return metrics
 
     @torch.no_grad()
@@ -531,10 +642,11 @@ class TeamTrainerBase(_BaseTrainer):
         # ZeRO-3: parameters are partitioned; gather a full state dict (collective, every rank) and write from it.
         full = distributed.full_state_dict(self)
         self.accelerator.wait_for_everyone()
-        if not self.is_world_process_zero():
-            return
-        saved_team.write_team(output_dir, self.team, self.critic, self.team_description(), full)
-        torch.save(self.args, os.path.join(output_dir, "training_args.bin"))
+        if self.is_world_process_zero():
+            saved_team.write_team(output_dir, self.team, self.critic, self.team_description(), full)
+            torch.save(self.args, os.path.join(output_dir, "training_args.bin"))
+        if self.args.push_to_hub and not _internal_call:  # as transformers: a user's save_model() also pushes
+            self.push_to_hub(commit_message="Model save")  # every rank: it saves again (a collective under ZeRO-3)
 
     # ------------------------------------------------------------------ checkpoints
     @property

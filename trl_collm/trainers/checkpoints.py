@@ -60,7 +60,8 @@ def save_checkpoint(trainer, output_dir: str) -> str:
     tmp = f"{final}.tmp"
     if trainer.is_world_process_zero():
         shutil.rmtree(tmp, ignore_errors=True)
-    trainer.save_model(tmp)  # the team, loadable on its own (all ranks join: DeepSpeed gathers weights here)
+    # the team, loadable on its own (all ranks join: DeepSpeed gathers weights here); never pushed from here
+    trainer.save_model(tmp, _internal_call=True)
     if not trainer.is_world_process_zero():
         return final
     extra = trainer.checkpoint_state()
@@ -91,7 +92,7 @@ def save_checkpoint(trainer, output_dir: str) -> str:
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.replace(tmp, final)
-    _rotate(output_dir, trainer.args.save_total_limit)
+    _rotate(output_dir, trainer.args.save_total_limit, keep=trainer.state.best_model_checkpoint)
     return final
 
 
@@ -108,11 +109,15 @@ def complete_checkpoints(output_dir: str) -> list[str]:
     return [p for _, p in sorted(found)]
 
 
-def _rotate(output_dir: str, limit: int | None) -> None:
+def _rotate(output_dir: str, limit: int | None, keep: str | None = None) -> None:
+    """Keep the newest `limit` checkpoints, and `keep` (the best one) besides them, as transformers does."""
     if not limit or limit < 1:
         return
-    for path in complete_checkpoints(output_dir)[:-limit]:
-        shutil.rmtree(path, ignore_errors=True)
+    found = complete_checkpoints(output_dir)
+    kept = {os.path.normpath(p) for p in found[-limit:]} | ({os.path.normpath(keep)} if keep else set())
+    for path in found:
+        if os.path.normpath(path) not in kept:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def refuse_to_clobber(output_dir: str, overwrite: bool) -> None:
@@ -135,6 +140,10 @@ def refuse_to_clobber(output_dir: str, overwrite: bool) -> None:
 
 
 def resolve(resume_from_checkpoint, output_dir: str) -> str | None:
+    """The checkpoint folder to resume from: None, a folder, or True (also the strings 'true' / 'True', as the
+    command line gives it) for the newest complete one in output_dir."""
+    if isinstance(resume_from_checkpoint, str) and resume_from_checkpoint.strip().lower() in ("true", "false", ""):
+        resume_from_checkpoint = resume_from_checkpoint.strip().lower() == "true"
     if not resume_from_checkpoint:
         return None
     if resume_from_checkpoint is True:
@@ -178,6 +187,28 @@ def load_checkpoint(trainer, path: str) -> dict:
     trainer.load_checkpoint_state(state.get("extra", {}))
     set_rng_state(state["rng"])
     return state
+
+
+def load_parameters(trainer, path: str) -> None:
+    """Copy a checkpoint's trainable parameters into the trainer's model (load_best_model_at_end)."""
+    state = read_state(path)
+    params = dict(trainer.model.named_parameters())
+    with torch.no_grad():
+        for name, value in state["params"].items():
+            params[name].copy_(value.to(params[name].device, params[name].dtype))
+
+
+def load_trainer_state(state, path: str) -> None:
+    """Take the best metric so far and the callbacks' saved states from the checkpoint's trainer_state.json."""
+    from transformers import TrainerState
+
+    file = os.path.join(path, "trainer_state.json")
+    if not os.path.isfile(file):
+        return
+    saved = TrainerState.load_from_json(file)
+    state.best_metric, state.best_global_step = saved.best_metric, saved.best_global_step
+    state.best_model_checkpoint = saved.best_model_checkpoint
+    state.stateful_callbacks = saved.stateful_callbacks or state.stateful_callbacks
 
 
 def read_state(path: str) -> dict:

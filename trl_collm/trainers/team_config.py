@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, fields
 from trl.trainer.base_config import _BaseConfig
 
 from ..ranges import check_numeric_fields
+from .supported_args import check_training_arguments
 
 # The choices of the shared fields (each trainer's config adds its own).
 TEAM_CHOICES = {
@@ -31,7 +32,8 @@ class TeamConfig(_BaseConfig):
     r"""Fields shared by the team trainers: the team, generation, rewards and episodes.
 
     Every field is also a command-line flag (`TrlParser`); the `transformers.TrainingArguments` fields (output_dir,
-    seed, per_device_train_batch_size, bf16, report_to, ...) apply as documented there.
+    seed, per_device_train_batch_size, bf16, report_to, ...) apply as documented there, or are refused when set:
+    `trainers/supported_args.py` says which, field by field.
 
     Parameters:
         > Parameters that define the team
@@ -104,6 +106,10 @@ class TeamConfig(_BaseConfig):
             Learning rate (actors; critics too unless `critic_learning_rate`).
         num_mini_batches (`int`, *optional*, defaults to `1`):
             Number of minibatches to split a batch into.
+        optim (`str`, *optional*, defaults to `'adamw_torch'`):
+            The optimizer, built by transformers' optimizer factory: 'adamw_torch', 'adamw_torch_fused', 'sgd',
+            'adafactor', 'adagrad' or 'rmsprop'. The default keeps torch's plain AdamW, which these trainers always
+            used (transformers 5 defaults to 'adamw_torch_fused', whose rounding differs).
         grad_clip_scope (`str`, *optional*, defaults to `'global'`):
             'global': one grad-norm clip over everything; 'per_module': each agent and critic clipped on its own.
         gradient_checkpointing (`bool`, *optional*, defaults to `None`):
@@ -244,6 +250,13 @@ class TeamConfig(_BaseConfig):
         default=None, metadata={"help": "End an episode early once the mean reward of a turn exceeds this value."}
     )
 
+    optim: str = field(
+        default="adamw_torch",
+        metadata={"help": "The optimizer, built by transformers' optimizer factory: 'adamw_torch', "
+                  "'adamw_torch_fused', 'sgd', 'adafactor', 'adagrad' or 'rmsprop'. The default keeps torch's plain "
+                  "AdamW, which these trainers always used (transformers 5 defaults to 'adamw_torch_fused', whose "
+                  "rounding differs)."},
+    )
     grad_clip_scope: str = field(
         default="global", metadata={"help": "'global': one grad-norm clip over everything; 'per_module': each agent and critic clipped on its own."}
     )
@@ -280,6 +293,8 @@ class TeamConfig(_BaseConfig):
             self.bf16 = not self.use_cpu and is_torch_bf16_gpu_available()
         # Before TrainingArguments' own checks, so every bad number gets a message naming its field.
         check_numeric_fields(self)
+        # Every TrainingArguments field either works or is refused here (trainers/supported_args.py).
+        check_training_arguments(self)
         super().__post_init__()
         self._validate()
 
