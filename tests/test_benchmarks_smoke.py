@@ -89,5 +89,7 @@ def test_bench_prefix_smoke(tmp_path):
     assert {r["case"] for r in rows} == {"coord-penalty/cc", "writing-summary/mc"}
     for r in rows:
         assert r["shared"]["iteration_s"] > 0 and r["plain"]["iteration_s"] > 0
-        assert r["plain"]["saved"] == 0 < r["shared"]["saved"] < r["shared"]["tokens"]  # the cut only runs when on
+        # The cut only runs when on, and only where the cost model says it pays (prefix.min_saved_tokens: on the
+        # tiny smoke models it may decline); tests/test_prefix.py covers the cut's numbers and that choice.
+        assert r["plain"]["saved"] == 0 <= r["shared"]["saved"] < r["shared"]["tokens"]
     assert "forward tokens skipped" in stdout
