@@ -20,9 +20,10 @@ from trl_collm.warmstart import (
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
 import warm_findings  # noqa: E402
 
-# A small but learnable recipe: one-letter targets keep prompts short; a high rate learns the format in ~20 steps.
-TOY = WarmStartConfig(task="building-str", episodes=8, letters="IL", max_letters=1, epochs=3.0, batch_size=4,
-                      learning_rate=1e-2)
+# A toy recipe: it checks the pipeline (transcripts -> SFTTrainer -> a loadable, cached folder), not learning: the
+# building prompts (600+ tokens) are too long to learn the format in CI seconds. Learning is checked on writing-tags.
+TOY = WarmStartConfig(task="building-str", episodes=2, letters="I", max_letters=1, epochs=1.0, batch_size=8)
+TAGS = WarmStartConfig(task="writing-tags", episodes=150, epochs=1.0, batch_size=8, learning_rate=1e-2)
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +75,7 @@ def test_warm_start_writes_a_loadable_folder_and_is_cached(toy_warm, monkeypatch
     assert AutoModelForCausalLM.from_pretrained(toy_warm).config.max_position_embeddings == 4096
     assert AutoTokenizer.from_pretrained(toy_warm).eos_token == "</s>"
     stamp = json.load(open(os.path.join(toy_warm, "warmstart_stamp.json")))
-    assert stamp["fingerprint"] == TOY.fingerprint() and stamp["pairs"] == 8 * 2 * 4
+    assert stamp["fingerprint"] == TOY.fingerprint() and stamp["pairs"] == 2 * 2 * 4
     # same fingerprint: reused without training (SFTTrainer must not even be built)
     import trl
 
@@ -84,19 +85,48 @@ def test_warm_start_writes_a_loadable_folder_and_is_cached(toy_warm, monkeypatch
     assert TOY.fingerprint() == replace(TOY, noise={"skip": 0.35}).fingerprint()  # spelled-out default, same start
 
 
-def test_sft_model_writes_valid_commands_where_random_init_does_not(toy_warm, tmp_path):
+@pytest.fixture(scope="module")
+def tags_warm(tmp_path_factory):
+    return make_warm_start(tmp_path_factory.mktemp("warm") / "tags", TAGS, progress=False)
+
+
+def _completion_nll(model_dir_or_model, pairs):
+    """Mean per-token negative log-likelihood of the completions (+ EOS) given their prompts."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trl_collm.testing import build_tokenizer
+
+    tok = build_tokenizer()
+    model = model_dir_or_model
+    if isinstance(model, str):
+        model, tok = AutoModelForCausalLM.from_pretrained(model), AutoTokenizer.from_pretrained(model)
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for p in pairs:
+            prompt = tok(p["prompt"], add_special_tokens=False)["input_ids"]
+            answer = tok(p["completion"], add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+            logits = model(torch.tensor([prompt + answer])).logits[0, len(prompt) - 1 : -1]
+            total += torch.nn.functional.cross_entropy(logits, torch.tensor(answer), reduction="sum").item()
+            count += len(answer)
+    return total / count
+
+
+def test_sft_learns_the_transcripts(tags_warm):
     from trl_collm.testing import build_causal_lm, build_tokenizer
     from trl_collm.warmstart import DEFAULT_DIMS
 
-    tok = build_tokenizer()
-    build_causal_lm(tok, size="tiny", **DEFAULT_DIMS).save_pretrained(tmp_path / "rand")
-    tok.save_pretrained(tmp_path / "rand")
-    rows = [{"target": "I", "kind": "str"}, {"target": "L", "kind": "str"}]
-    warm = evaluate_building(toy_warm, rows, repeats=2, seed=0, max_new_tokens=40)
-    rand = evaluate_building(str(tmp_path / "rand"), rows, repeats=2, seed=0, max_new_tokens=40)
-    assert rand["applied_per_agent_turn"] == 0 and rand["iou_pct"] == 0
-    assert warm["applied_per_agent_turn"] >= 1.0  # at least one block placed per builder and turn, on average
-    assert warm["iou_pct"] > 5 and warm["return_mean"] > rand["return_mean"]
+    held_out = tag_transcripts(replace(TAGS, seed=7), TAGS.resolved_noise())[:40]
+    before = build_causal_lm(build_tokenizer(), size="tiny", seed=TAGS.seed, **DEFAULT_DIMS)  # the model SFT started from
+    nll_before, nll_after = _completion_nll(before, held_out), _completion_nll(tags_warm, held_out)
+    assert nll_before > 5.5  # about ln(512): uniform over the vocabulary
+    assert nll_after < 0.6 * nll_before
+
+
+def test_building_warm_start_plays_the_task(toy_warm):
+    scores = evaluate_building(toy_warm, [{"target": "I", "kind": "str"}], repeats=2, seed=0, max_new_tokens=8)
+    assert scores["episodes"] == 2 and set(scores["per_target"]) == {"I"}
+    assert -0.25 - 1.5 <= scores["return_mean"] <= 2.0 and 0 <= scores["valid_rate"] <= 1
 
 
 def test_findings_table_and_figures(tmp_path):
@@ -122,11 +152,7 @@ def test_findings_table_and_figures(tmp_path):
     assert png.stat().st_size > 1000
 
 
-def test_tags_run_trains_from_a_warm_start(tmp_path):
-    cfg = WarmStartConfig(task="writing-tags", episodes=40, epochs=1.0)
-    warm = make_warm_start(tmp_path / "tags", cfg, progress=False)
-    start = evaluate_tags(warm, [{"topic": "pets/senior-pet", "title": "Old dog"}], repeats=4, seed=0)
-    assert start["episodes"] == 4 and 0 <= start["own_tag_rate"]["forum"] <= 1
-    row = warm_findings.run_one("writing-tags", warm, "cc", 0, 1e-3, True, None)
+def test_tags_run_trains_from_a_warm_start(tags_warm):
+    row = warm_findings.run_one("writing-tags", tags_warm, "cc", 0, 1e-3, True, None)
     assert row["curve"][-1][0] == warm_findings.SMOKE["budget"]  # env steps counted up to the budget
     assert set(row["eval"]) >= {"return_mean", "own_tag_rate", "perfect_rate"}
