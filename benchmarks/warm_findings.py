@@ -13,7 +13,8 @@ warm start is scored the same way (the "raw model" row of the paper's Table 1).
     python benchmarks/warm_findings.py --smoke                   # toy warm starts and budgets, 1 seed (~1-3 min)
     python benchmarks/warm_findings.py --tasks writing-tags --reuse
 
-Writes --out (JSON: every run's curve and scores, and the table), PREFIX_<task>_curves.png (mean and min-max band
+Writes OUT_DIR/warm_findings_<task>.json (every run's curve and scores, the warm start's scores, the table),
+PREFIX_<task>_curves.png (mean and min-max band
 over seeds), PREFIX_building-str_renders.png (the warm start and each method's sweep-seed team on the same targets)
 and prints the tables.
 """
@@ -41,7 +42,7 @@ PAPER_STRBUILD = {"warm": (36.6, 0.9), "mc": (50.6, 13.3), "dc": (44.6, 7.6), "c
 TASKS = {
     # warm start: expert episodes and SFT epochs; RL: env-step budget, PPO episodes (MC: samples) per iteration,
     # max new tokens; eval: repeats of every eval row
-    "building-str": dict(episodes=160, epochs=2.0, budget=256, batch=8, response_length=48, repeats=2,
+    "building-str": dict(episodes=160, epochs=2.0, budget=192, batch=8, response_length=48, repeats=1,
                          lrs=(1e-3, 3e-3), describe="StrBuild, 2 builders, 4 turns (dense per-turn reward)"),
     "writing-tags": dict(episodes=800, epochs=2.0, budget=1024, batch=16, response_length=16, repeats=8,
                          lrs=(1e-3, 3e-3), describe="2 taggers, 1 turn, the right tag depends on the post"),
@@ -257,15 +258,15 @@ def main():
     p.add_argument("--jobs", type=int, default=1, help="runs at once (separate processes, one CPU thread each)")
     p.add_argument("--reuse", action="store_true", help="keep the runs already in --out")
     p.add_argument("--warm-root", default="/tmp/trl_collm_warm", help="warm-start folders: ROOT/<task>[-smoke]")
-    p.add_argument("--out", default=None, help="JSON of every run (default docs/data/warm_findings.json)")
+    p.add_argument("--out-dir", default=None, help="JSON per task: OUT_DIR/warm_findings_<task>.json (default docs/data)")
     p.add_argument("--png-prefix", default=None, help="figures go to PREFIX_<task>_curves.png, ... (default docs/warm_findings)")
     p.add_argument("--smoke", action="store_true", help="toy warm starts and budgets, sweep seed only")
     p.add_argument("--child", nargs=5, metavar=("TASK", "METHOD", "SEED", "LR", "RENDER_DIR"), help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.smoke:
         a.seeds = [a.sweep_seed]
-        a.out, a.png_prefix = a.out or "/tmp/warm_findings_smoke.json", a.png_prefix or "/tmp/warm_findings_smoke"
-    a.out, a.png_prefix = a.out or "docs/data/warm_findings.json", a.png_prefix or "docs/warm_findings"
+        a.out_dir, a.png_prefix = a.out_dir or "/tmp/warm_findings_smoke", a.png_prefix or "/tmp/warm_findings_smoke"
+    a.out_dir, a.png_prefix = a.out_dir or "docs/data", a.png_prefix or "docs/warm_findings"
 
     def warm_dir(task):
         return os.path.join(a.warm_root, task + ("-smoke" if a.smoke else ""))
@@ -281,16 +282,17 @@ def main():
         p.error("--jobs must be at least 1")
     from trl_collm.warmstart import make_warm_start
 
-    blob = {"runs": [], "warm": {}, "tables": {}}
-    if os.path.exists(a.out) and a.reuse:
-        with open(a.out) as f:
-            blob = json.load(f)
-    results = blob["runs"]
+    blob, results = {}, []
+
+    def out_of(task_name):
+        return os.path.join(a.out_dir, f"warm_findings_{task_name}.json")
 
     def save():
-        os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
-        with open(a.out, "w") as f:  # after every run: an interrupted sweep keeps what it did (see --reuse)
-            json.dump(blob, f)
+        os.makedirs(a.out_dir, exist_ok=True)
+        for task_name, part in blob.items():  # after every run: an interrupted sweep keeps what it did (--reuse)
+            mine = dict(part, runs=[r for r in results if r["task"] == task_name])
+            with open(out_of(task_name), "w") as f:
+                json.dump(mine, f)
 
     def key(r):
         return r["task"], r["method"], int(r["seed"]), float(r["lr"]), bool(r["smoke"]), r["budget"]
@@ -316,11 +318,15 @@ def main():
 
     for task_name in a.tasks:
         s = settings(task_name, a.smoke)
+        blob[task_name] = {}
+        if a.reuse and os.path.exists(out_of(task_name)):
+            with open(out_of(task_name)) as f:
+                results += json.load(f).get("runs", [])
         t0 = time.time()
         warm = make_warm_start(warm_dir(task_name), warm_config(task_name, a.smoke), progress=not a.smoke)
         print(f"{task_name}: warm start {warm} ({time.time() - t0:.0f}s)", flush=True)
         warm_eval = evaluate(task_name, warm, s)
-        blob["warm"][task_name] = warm_eval
+        blob[task_name]["warm"] = warm_eval
         if task_name == "building-str":
             render(warm, renders, "warm", s["response_length"])
         print(f"{task_name}: warm start eval {json.dumps({k: v for k, v in warm_eval.items() if k != 'per_target'})}",
@@ -344,7 +350,7 @@ def main():
         t = table(mine, task_name, warm_eval)
         t.update(chosen=chosen, seeds=a.seeds, sweep_seed=a.sweep_seed, lrs=lrs,
                  warm_config=str(warm_config(task_name, a.smoke)))
-        blob["tables"][task_name] = t
+        blob[task_name]["table"] = t
         save()
         print(f"\n== {task_name}: each method at its best learning rate ==\n{format_table(t)}\n", flush=True)
         try:
@@ -356,7 +362,7 @@ def main():
                                 f"{a.png_prefix}_{task_name}_renders.png")
         except ImportError:
             pass
-    print(f"wrote {a.out} and the figures {a.png_prefix}_*.png")
+    print(f"wrote {', '.join(out_of(t) for t in a.tasks)} and the figures {a.png_prefix}_*.png")
 
 
 if __name__ == "__main__":
