@@ -42,10 +42,10 @@ PAPER_STRBUILD = {"warm": (36.6, 0.9), "mc": (50.6, 13.3), "dc": (44.6, 7.6), "c
 TASKS = {
     # warm start: expert episodes and SFT epochs; RL: env-step budget, PPO episodes (MC: samples) per iteration,
     # max new tokens; eval: repeats of every eval row
-    "building-str": dict(episodes=160, epochs=2.0, budget=192, batch=8, response_length=48, repeats=1,
-                         lrs=(1e-3, 3e-3), describe="StrBuild, 2 builders, 4 turns (dense per-turn reward)"),
-    "writing-tags": dict(episodes=800, epochs=2.0, budget=1024, batch=16, response_length=16, repeats=8,
-                         lrs=(1e-3, 3e-3), describe="2 taggers, 1 turn, the right tag depends on the post"),
+    "building-str": dict(episodes=160, epochs=2.0, budget=128, batch=8, response_length=48, repeats=1,
+                         lrs=(1e-3, 3e-3), mc_lrs=(3e-3, 1e-2), describe="StrBuild, 2 builders, 4 turns (dense per-turn reward)"),
+    "writing-tags": dict(episodes=800, epochs=2.0, budget=512, batch=16, response_length=16, repeats=4,
+                         lrs=(1e-3, 3e-3), mc_lrs=(3e-3, 1e-2), describe="2 taggers, 1 turn, the right tag depends on the post"),
 }
 SMOKE = dict(episodes=6, epochs=1.0, budget=8, batch=4, repeats=1)
 
@@ -253,7 +253,9 @@ def main():
     p.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
     p.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    p.add_argument("--lrs", nargs="+", type=float, default=None, help="learning rates of every method (default per task)")
+    p.add_argument("--lrs", nargs="+", type=float, default=None, help="learning rates of CC and DC (default per task)")
+    p.add_argument("--mc-lrs", nargs="+", type=float, default=None,
+                   help="learning rates of MC (default per task: ~3x CC's, as MC's tuned rates on the matrix games)")
     p.add_argument("--sweep-seed", type=int, default=0, help="the seed every rate runs on; the others use the best")
     p.add_argument("--jobs", type=int, default=1, help="runs at once (separate processes, one CPU thread each)")
     p.add_argument("--reuse", action="store_true", help="keep the runs already in --out")
@@ -261,6 +263,8 @@ def main():
     p.add_argument("--out-dir", default=None, help="JSON per task: OUT_DIR/warm_findings_<task>.json (default docs/data)")
     p.add_argument("--png-prefix", default=None, help="figures go to PREFIX_<task>_curves.png, ... (default docs/warm_findings)")
     p.add_argument("--smoke", action="store_true", help="toy warm starts and budgets, sweep seed only")
+    p.add_argument("--report-only", action="store_true",
+                   help="no new runs: tables and figures from the runs in the JSON (with --reuse), missing seeds left out")
     p.add_argument("--child", nargs=5, metavar=("TASK", "METHOD", "SEED", "LR", "RENDER_DIR"), help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.smoke:
@@ -303,6 +307,8 @@ def main():
         done = [r for r in results if key(r) == (task_name, method, seed, lr, a.smoke, s["budget"])]
         if done:
             return done[0]
+        if a.report_only:
+            return None
         render_dir = renders if task_name == "building-str" and seed == a.sweep_seed else "-"
         cmd = [sys.executable, os.path.abspath(__file__), "--child", task_name, method, str(seed), repr(lr), render_dir,
                "--warm-root", a.warm_root] + (["--smoke"] if a.smoke else [])
@@ -318,35 +324,45 @@ def main():
 
     for task_name in a.tasks:
         s = settings(task_name, a.smoke)
-        blob[task_name] = {}
+        blob[task_name] = {"warm_config": str(warm_config(task_name, a.smoke))}
+        saved = {}
         if a.reuse and os.path.exists(out_of(task_name)):
             with open(out_of(task_name)) as f:
-                results += json.load(f).get("runs", [])
+                saved = json.load(f)
+            results += saved.get("runs", [])
         t0 = time.time()
         warm = make_warm_start(warm_dir(task_name), warm_config(task_name, a.smoke), progress=not a.smoke)
         print(f"{task_name}: warm start {warm} ({time.time() - t0:.0f}s)", flush=True)
-        warm_eval = evaluate(task_name, warm, s)
+        if saved.get("warm") and saved.get("warm_config") == blob[task_name]["warm_config"]:
+            warm_eval = saved["warm"]  # the same warm start, scored with the same seed: no need to play it again
+        else:
+            warm_eval = evaluate(task_name, warm, s)
         blob[task_name]["warm"] = warm_eval
-        if task_name == "building-str":
+        if task_name == "building-str" and not os.path.exists(os.path.join(renders, f"warm-{RENDER_TARGETS[0]}.png")):
             render(warm, renders, "warm", s["response_length"])
         print(f"{task_name}: warm start eval {json.dumps({k: v for k, v in warm_eval.items() if k != 'per_target'})}",
               flush=True)
-        lrs = a.lrs or list(s["lrs"])
+        lrs = {m: list(a.lrs or s["lrs"]) for m in a.methods}
+        if "mc" in lrs:
+            lrs["mc"] = list(a.mc_lrs or s["mc_lrs"])
         # 1) the sweep seed at every rate (methods interleaved so machine-load drifts hit them alike)
-        sweep = [(task_name, m, a.sweep_seed, lr) for lr in lrs for m in a.methods]
+        sweep = [(task_name, m, a.sweep_seed, lr) for i in range(max(map(len, lrs.values()))) for m in a.methods
+                 for lr in lrs[m][i : i + 1]]
         with concurrent.futures.ThreadPoolExecutor(max_workers=a.jobs) as pool:
-            rows = list(pool.map(launch, sweep))
+            rows = [r for r in pool.map(launch, sweep) if r is not None]
         chosen = {}
         for m in a.methods:
             score = {r["lr"]: final(r["curve"]) for r in rows if r["method"] == m}
+            if not score:
+                continue
             chosen[m] = max(score, key=score.get)
             print(f"{task_name} {m.upper()}: final training return by lr "
                   + ", ".join(f"{lr:g}: {v:.3f}" for lr, v in sorted(score.items())) + f" -> {chosen[m]:g}", flush=True)
         # 2) the other seeds at each method's chosen rate
-        rest = [(task_name, m, seed, chosen[m]) for seed in a.seeds if seed != a.sweep_seed for m in a.methods]
+        rest = [(task_name, m, seed, chosen[m]) for seed in a.seeds if seed != a.sweep_seed for m in chosen]
         with concurrent.futures.ThreadPoolExecutor(max_workers=a.jobs) as pool:
-            rows += list(pool.map(launch, rest))
-        mine = [r for r in rows if r["lr"] == chosen[r["method"]]]
+            rows += [r for r in pool.map(launch, rest) if r is not None]
+        mine = [r for r in rows if r["lr"] == chosen.get(r["method"])]
         t = table(mine, task_name, warm_eval)
         t.update(chosen=chosen, seeds=a.seeds, sweep_seed=a.sweep_seed, lrs=lrs,
                  warm_config=str(warm_config(task_name, a.smoke)))
