@@ -50,10 +50,12 @@ TASKS = {
 SMOKE = dict(episodes=6, epochs=1.0, budget=8, batch=4, repeats=1)
 
 
-def settings(task: str, smoke: bool) -> dict:
+def settings(task: str, smoke: bool, budget: int | None = None) -> dict:
     s = dict(TASKS[task])
     if smoke:
         s.update(SMOKE, response_length=min(s["response_length"], 12))
+    if budget is not None:
+        s["budget"] = int(budget)
     return s
 
 
@@ -81,14 +83,15 @@ def evaluate(task_name, model, s, **kwargs) -> dict:
               max_new_tokens=s["response_length"], **kwargs)
 
 
-def run_one(task_name: str, warm: str, method: str, seed: int, lr: float, smoke: bool, render_dir: str | None) -> dict:
+def run_one(task_name: str, warm: str, method: str, seed: int, lr: float, smoke: bool, render_dir: str | None,
+            budget: int | None = None) -> dict:
     """One training run in this process: the curve (env steps -> mean training return) and the final team's scores."""
     import torch
 
     torch.set_num_threads(1)
     from trl_collm import MultiAgentMCConfig, MultiAgentMCTrainer, MultiAgentPPOConfig, MultiAgentPPOTrainer
 
-    s = settings(task_name, smoke)
+    s = settings(task_name, smoke, budget)
     task = _task(task_name)
     turns = task.num_turns
     common = dict(
@@ -119,7 +122,7 @@ def run_one(task_name: str, warm: str, method: str, seed: int, lr: float, smoke:
     team = trainer.team.eval()
     scores = evaluate(task_name, team, s, team=team)
     if render_dir:
-        render(team, render_dir, f"{method}-seed{seed}-lr{lr:g}", s["response_length"])
+        render(team, render_dir, f"{method}-seed{seed}-lr{lr:g}-b{s['budget']}", s["response_length"])
     return dict(task=task_name, method=method, seed=seed, lr=lr, budget=s["budget"], batch=s["batch"], smoke=smoke,
                 curve=curve, eval=scores, seconds=seconds)
 
@@ -263,6 +266,7 @@ def main():
     p.add_argument("--out-dir", default=None, help="JSON per task: OUT_DIR/warm_findings_<task>.json (default docs/data)")
     p.add_argument("--png-prefix", default=None, help="figures go to PREFIX_<task>_curves.png, ... (default docs/warm_findings)")
     p.add_argument("--smoke", action="store_true", help="toy warm starts and budgets, sweep seed only")
+    p.add_argument("--budget", type=int, default=None, help="env steps per run (default per task; part of a run's key)")
     p.add_argument("--report-only", action="store_true",
                    help="no new runs: tables and figures from the runs in the JSON (with --reuse), missing seeds left out")
     p.add_argument("--child", nargs=5, metavar=("TASK", "METHOD", "SEED", "LR", "RENDER_DIR"), help=argparse.SUPPRESS)
@@ -279,7 +283,7 @@ def main():
     if a.child:
         task_name, method, seed, lr, render_dir = a.child
         row = run_one(task_name, warm_dir(task_name), method, int(seed), float(lr), a.smoke,
-                      None if render_dir == "-" else render_dir)
+                      None if render_dir == "-" else render_dir, a.budget)
         print(json.dumps(row))
         return
     if a.jobs < 1:
@@ -303,7 +307,7 @@ def main():
 
     def launch(job):
         task_name, method, seed, lr = job
-        s = settings(task_name, a.smoke)
+        s = settings(task_name, a.smoke, a.budget)
         done = [r for r in results if key(r) == (task_name, method, seed, lr, a.smoke, s["budget"])]
         if done:
             return done[0]
@@ -311,7 +315,7 @@ def main():
             return None
         render_dir = renders if task_name == "building-str" and seed == a.sweep_seed else "-"
         cmd = [sys.executable, os.path.abspath(__file__), "--child", task_name, method, str(seed), repr(lr), render_dir,
-               "--warm-root", a.warm_root] + (["--smoke"] if a.smoke else [])
+               "--warm-root", a.warm_root] + (["--smoke"] if a.smoke else []) + (["--budget", str(a.budget)] if a.budget else [])
         out = subprocess.run(cmd, check=False, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
         if out.returncode != 0:
             raise RuntimeError(f"run {task_name}/{method}/seed {seed}/lr {lr:g} failed:\n{out.stderr[-3000:]}")
@@ -323,7 +327,7 @@ def main():
         return row
 
     for task_name in a.tasks:
-        s = settings(task_name, a.smoke)
+        s = settings(task_name, a.smoke, a.budget)
         blob[task_name] = {"warm_config": str(warm_config(task_name, a.smoke))}
         saved = {}
         if a.reuse and os.path.exists(out_of(task_name)):
@@ -373,7 +377,7 @@ def main():
             plot_curves(mine, task_name, f"{a.png_prefix}_{task_name}_curves.png", warm_eval["return_mean"])
             if task_name == "building-str":
                 order = [m for m in ("mc", "dc", "cc") if m in chosen]
-                combine_renders(renders, ["warm"] + [f"{m}-seed{a.sweep_seed}-lr{chosen[m]:g}" for m in order],
+                combine_renders(renders, ["warm"] + [f"{m}-seed{a.sweep_seed}-lr{chosen[m]:g}-b{s['budget']}" for m in order],
                                 ["warm start"] + [f"{m.upper()} (seed {a.sweep_seed})" for m in order],
                                 f"{a.png_prefix}_{task_name}_renders.png")
         except ImportError:
