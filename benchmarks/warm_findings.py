@@ -164,7 +164,7 @@ def combine_renders(folder, tags, labels, path):
 
 
 def plot_curves(results, task_name, path, warm_return):
-    with _figure(path, (6.5, 3.8), f"{task_name} from a warm start: {TASKS[task_name]['describe']}", "environment steps",
+    with _figure(path, (6.5, 3.8), f"{task_name} from a warm start\n{TASKS[task_name]['describe']}", "environment steps",
                  "training return (moving mean of 5)") as ax:
         for method in METHODS:
             runs = [r for r in results if r["method"] == method]
