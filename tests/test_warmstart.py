@@ -12,13 +12,12 @@ from trl_collm.warmstart import (
     WarmStartConfig,
     building_transcripts,
     evaluate_building,
-    evaluate_tags,
     make_warm_start,
     tag_transcripts,
 )
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
-import warm_findings  # noqa: E402
+import warm_findings
 
 # A toy recipe: it checks the pipeline (transcripts -> SFTTrainer -> a loadable, cached folder), not learning: the
 # building prompts (600+ tokens) are too long to learn the format in CI seconds. Learning is checked on writing-tags.
@@ -74,7 +73,8 @@ def test_warm_start_writes_a_loadable_folder_and_is_cached(toy_warm, monkeypatch
 
     assert AutoModelForCausalLM.from_pretrained(toy_warm).config.max_position_embeddings == 4096
     assert AutoTokenizer.from_pretrained(toy_warm).eos_token == "</s>"
-    stamp = json.load(open(os.path.join(toy_warm, "warmstart_stamp.json")))
+    with open(os.path.join(toy_warm, "warmstart_stamp.json")) as f:
+        stamp = json.load(f)
     assert stamp["fingerprint"] == TOY.fingerprint() and stamp["pairs"] == 2 * 2 * 4
     # same fingerprint: reused without training (SFTTrainer must not even be built)
     import trl
