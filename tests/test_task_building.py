@@ -26,9 +26,8 @@ from trl_collm.tasks.building import (
     read_turn,
     score_world,
 )
+from trl_collm.tasks.building.oracle import oracle_commands, oracle_world
 from trl_collm.tasks.voxel import World, block_legend, house_target, render_png, string_target, target_text, world_text
-
-from building_oracle import oracle_commands, oracle_world
 
 # ---------------------------------------------------------------------------------------------------------------
 # helpers

@@ -17,7 +17,7 @@ build score (dense) or the final score at the last turn (``sparse=True``). See d
 Modules: ``scoring.py`` (constants, targets, palettes, allowances, the score), ``commands.py`` (parsing and applying
 a turn's commands), ``env.py`` (``BuildingEnv``: episodes and feedback), ``datasets.py`` (target lists and the task
 registration); the world, font, blueprints and rendering are in ``tasks/voxel.py``. The oracle (a perfect team,
-for tests) is ``tests/building_oracle.py``.
+for the warm start and the tests) is ``oracle.py``.
 """
 
 from ..voxel import BLUEPRINTS, FONT, render_png

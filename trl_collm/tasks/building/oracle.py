@@ -1,14 +1,16 @@
 """The building tasks' oracle: the perfect plan of each builder, and the world it leaves.
 
-Used by the tests (tests/test_task_building.py) to check that a perfect team reaches the maximum return; not part of
-the installed package, since no agent or trainer needs it.
+Used by the warm start (trl_collm/warmstart.py), whose synthetic transcripts degrade this plan on purpose, and by
+the tests (tests/test_task_building.py), which check that a perfect team reaches the maximum return. No agent or
+trainer reads it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from trl_collm.tasks.building.scoring import (
+from ..voxel import Cell, Target, World
+from .scoring import (
     DEFAULT_TURN_BUDGET,
     NUM_TURNS,
     check_palettes,
@@ -16,7 +18,6 @@ from trl_collm.tasks.building.scoring import (
     make_target,
     material_owners,
 )
-from trl_collm.tasks.voxel import Cell, Target, World
 
 
 def _oracle_assignment(target: Target, palettes: Mapping[str, Sequence[str]]) -> dict[Cell, tuple[str, str]]:

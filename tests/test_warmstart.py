@@ -1,0 +1,158 @@
+"""Warm starts (trl_collm/warmstart.py) and the findings script built on them (benchmarks/warm_findings.py), at toy size."""
+
+import json
+import os
+import sys
+from dataclasses import replace
+
+import pytest
+
+from trl_collm.tasks.building import parse_command
+from trl_collm.warmstart import (
+    WarmStartConfig,
+    building_transcripts,
+    evaluate_building,
+    make_warm_start,
+    tag_transcripts,
+)
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+import warm_findings
+
+# A toy recipe: it checks the pipeline (transcripts -> SFTTrainer -> a loadable, cached folder), not learning: the
+# building prompts (600+ tokens) are too long to learn the format in CI seconds. Learning is checked on writing-tags.
+TOY = WarmStartConfig(task="building-str", episodes=2, letters="I", max_letters=1, epochs=1.0, batch_size=8)
+TAGS = WarmStartConfig(task="writing-tags", episodes=150, epochs=1.0, batch_size=8, learning_rate=1e-2)
+
+
+@pytest.fixture(scope="module")
+def toy_warm(tmp_path_factory):
+    return make_warm_start(tmp_path_factory.mktemp("warm") / "building", TOY, progress=False)
+
+
+def test_building_transcripts_are_commands_with_the_planned_mistakes():
+    cfg = replace(TOY, episodes=30, letters="ICML", max_letters=2)
+    pairs = building_transcripts(cfg)
+    assert len(pairs) == 30 * 2 * 4  # episodes x builders x turns (no early end)
+    assert pairs == building_transcripts(cfg)  # seeded
+    assert pairs != building_transcripts(replace(cfg, seed=1))
+    lines = [line for p in pairs for line in p["completion"].splitlines()]
+    parsed = [parse_command(line) for line in lines]
+    assert all(not isinstance(c, str) and c.name == "setblock" for c in parsed)
+    # each builder only uses its own palette; some lines leave the world (x or y past the prompt's bounds)
+    for p in pairs:
+        own = {"builder_a": {"red_wool", "blue_wool"}, "builder_b": {"yellow_wool", "green_wool"}}[p["agent"]]
+        assert {parse_command(line).block for line in p["completion"].splitlines()} <= own
+    assert any(c.lo[1] > 4 for c in parsed)  # y past the top of every string's world
+    # the prompts are the env's own observations, feedback included from turn 2 on
+    assert all("Reply with your commands only" in p["prompt"] for p in pairs)
+    assert all(("Turn 1 result" in p["prompt"]) == (p["turn"] == 1) for p in pairs)
+
+
+def test_tag_transcripts_mix_right_and_wrong_answers():
+    cfg = WarmStartConfig(task="writing-tags", episodes=200)
+    pairs = tag_transcripts(cfg, cfg.resolved_noise())
+    right = []
+    for p in pairs:
+        forum, subject = p["prompt"].split("Tags: ")[1].split("\n")[0].split(" / ")
+        right.append(p["completion"].strip() == (forum if p["agent"] == "forum" else subject))
+    assert 0.3 < sum(right) / len(right) < 0.55  # own tag with probability 0.4 (plus a random tag that happens to be it)
+
+
+def test_config_errors_name_the_argument():
+    with pytest.raises(ValueError, match="no transcript generator"):
+        WarmStartConfig(task="coord-penalty").fingerprint()
+    with pytest.raises(ValueError, match="letters"):
+        building_transcripts(replace(TOY, letters="I?"))
+    with pytest.raises(TypeError):
+        WarmStartConfig(noise={"skipp": 0.1}).fingerprint()
+
+
+def test_warm_start_writes_a_loadable_folder_and_is_cached(toy_warm, monkeypatch):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    assert AutoModelForCausalLM.from_pretrained(toy_warm).config.max_position_embeddings == 4096
+    assert AutoTokenizer.from_pretrained(toy_warm).eos_token == "</s>"
+    with open(os.path.join(toy_warm, "warmstart_stamp.json")) as f:
+        stamp = json.load(f)
+    assert stamp["fingerprint"] == TOY.fingerprint() and stamp["pairs"] == 2 * 2 * 4
+    # same fingerprint: reused without training (SFTTrainer must not even be built)
+    import trl
+
+    monkeypatch.setattr(trl, "SFTTrainer", None)
+    assert make_warm_start(toy_warm, TOY) == toy_warm
+    assert TOY.fingerprint() != replace(TOY, seed=1).fingerprint()
+    assert TOY.fingerprint() == replace(TOY, noise={"skip": 0.35}).fingerprint()  # spelled-out default, same start
+
+
+@pytest.fixture(scope="module")
+def tags_warm(tmp_path_factory):
+    return make_warm_start(tmp_path_factory.mktemp("warm") / "tags", TAGS, progress=False)
+
+
+def _completion_nll(model_dir_or_model, pairs):
+    """Mean per-token negative log-likelihood of the completions (+ EOS) given their prompts."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trl_collm.testing import build_tokenizer
+
+    tok = build_tokenizer()
+    model = model_dir_or_model
+    if isinstance(model, str):
+        model, tok = AutoModelForCausalLM.from_pretrained(model), AutoTokenizer.from_pretrained(model)
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for p in pairs:
+            prompt = tok(p["prompt"], add_special_tokens=False)["input_ids"]
+            answer = tok(p["completion"], add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+            logits = model(torch.tensor([prompt + answer])).logits[0, len(prompt) - 1 : -1]
+            total += torch.nn.functional.cross_entropy(logits, torch.tensor(answer), reduction="sum").item()
+            count += len(answer)
+    return total / count
+
+
+def test_sft_learns_the_transcripts(tags_warm):
+    from trl_collm.testing import build_causal_lm, build_tokenizer
+    from trl_collm.warmstart import DEFAULT_DIMS
+
+    held_out = tag_transcripts(replace(TAGS, seed=7), TAGS.resolved_noise())[:40]
+    before = build_causal_lm(build_tokenizer(), size="tiny", seed=TAGS.seed, **DEFAULT_DIMS)  # the model SFT started from
+    nll_before, nll_after = _completion_nll(before, held_out), _completion_nll(tags_warm, held_out)
+    assert nll_before > 5.5  # about ln(512): uniform over the vocabulary
+    assert nll_after < 0.6 * nll_before
+
+
+def test_building_warm_start_plays_the_task(toy_warm):
+    scores = evaluate_building(toy_warm, [{"target": "I", "kind": "str"}], repeats=2, seed=0, max_new_tokens=8)
+    assert scores["episodes"] == 2 and set(scores["per_target"]) == {"I"}
+    assert -0.25 - 1.5 <= scores["return_mean"] <= 2.0 and 0 <= scores["valid_rate"] <= 1
+
+
+def test_findings_table_and_figures(tmp_path):
+    # Two methods, two seeds, hand-made curves: start 0 (first 5 points), best final 1.0 -> level 0.8.
+    up = [(8 * i, min(1.0, 0.1 * i)) for i in range(1, 21)]
+    flat = [(8 * i, 0.0) for i in range(1, 21)]
+    ev = {"iou_pct": 50.0, "adj_pct": 10.0, "return_mean": 1.0, "valid_rate": 0.9}
+    runs = [dict(method="cc", seed=s, lr=1e-3, curve=up, eval=ev) for s in (0, 1)]
+    runs += [dict(method="mc", seed=s, lr=3e-3, curve=flat, eval=dict(ev, iou_pct=20.0 + 10 * s)) for s in (0, 1)]
+    t = warm_findings.table(runs, "building-str", dict(ev, iou_pct=10.0))
+    start = (0.1 + 0.2 + 0.3 + 0.4 + 0.5) / 5 / 2  # mean over the four runs of their first-5 means
+    assert t["start"] == pytest.approx(start) and t["best"] == pytest.approx(1.0)
+    assert t["level"] == pytest.approx(start + 0.8 * (1.0 - start))
+    rows = {r["method"]: r for r in t["rows"]}
+    # level 0.83: the moving mean of 5 is 0.80 at point 10 (0.6..1.0) and 0.88 at point 11 (0.7, 0.8, 0.9, 1, 1)
+    assert rows["cc"]["reach"] == [88, 88] and rows["mc"]["reach"] == [None, None]
+    assert rows["mc"]["cols"][0] == (25.0, 20.0, 30.0) and rows["warm"]["cols"][0] == (10.0,) * 3
+    text = warm_findings.format_table(t)
+    assert "| CC | 0.001 | 2 | 50.0 (50.0 to 50.0)" in text and "88 (2/2 seeds)" in text and "not reached" in text
+    assert "68.5 / 7.3" in text  # the paper's CC row beside ours
+    png = tmp_path / "curves.png"
+    warm_findings.plot_curves(runs, "building-str", png, 0.0)
+    assert png.stat().st_size > 1000
+
+
+def test_tags_run_trains_from_a_warm_start(tags_warm):
+    row = warm_findings.run_one("writing-tags", tags_warm, "cc", 0, 1e-3, True, None)
+    assert row["curve"][-1][0] == warm_findings.SMOKE["budget"]  # env steps counted up to the budget
+    assert set(row["eval"]) >= {"return_mean", "own_tag_rate", "perfect_rate"}
