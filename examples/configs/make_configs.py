@@ -42,6 +42,10 @@ TASKS = {
         turns=1, model="Qwen/Qwen3-1.7B", gpu_len=256, gpu_batch=8, gpu_episodes=4096,
         cpu=dict(response_length=8, train_limit=8, eval_limit=4, batch=4, episodes=8, mc_batch=2, mc_episodes=4),
     ),
+    "writing-tags": dict(  # ours, a small conditional task (docs/warm_start.md); best from a warm start
+        turns=1, model="Qwen/Qwen3-1.7B", gpu_len=16, gpu_batch=16, gpu_episodes=4096,
+        cpu=dict(response_length=8, train_limit=8, eval_limit=4, batch=4, episodes=8, mc_batch=2, mc_episodes=4),
+    ),
     "code-humaneval": dict(
         turns=2, model="Qwen/Qwen2.5-Coder-3B", gpu_len=384, gpu_batch=4, gpu_episodes=1056,
         cpu=dict(response_length=16, train_limit=4, eval_limit=2, batch=2, episodes=4, mc_batch=1, mc_episodes=2),

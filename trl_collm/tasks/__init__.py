@@ -64,12 +64,15 @@ BUILTIN_TASKS: dict[str, tuple[str, int, int, str]] = {
         "'method' the method and implications (60-120 words each, ratio in [0.6, 1.6]); "
         "level-gated reward, max 3."
     )),
+    "writing-tags": ("tags", 2, 1, (
+        "Two taggers name a forum post's forum and subject tags (ours; a small conditional writing task)."
+    )),
     "writing-summary": ("writing", 2, 1, (
         "From a forum post, agent 'concise' writes a 15-40 word summary and agent 'detailed' a "
         "60-120 word one (detailed/concise in [2, 4]); level-gated reward, max 3."
     )),
 }
-_BUILTIN_MODULES = ("writing", "code", "building", "coordination")
+_BUILTIN_MODULES = ("writing", "code", "building", "coordination", "tags")
 
 IMPORT_PATH_HELP = (
     "your own task: --task MODULE:NAME or --task path/to/file.py:NAME, where NAME is a trl_collm.tasks.TaskSpec "
