@@ -61,8 +61,10 @@ def _peak_rss_mib() -> float:
 def _prompts(n: int, offset: int) -> list[str]:
     subjects = ["The planner", "The coder", "The critic", "Agent one", "Agent two", "The writer"]
     tasks = ["writes the plan", "checks the code", "fixes the answer", "shares the summary", "builds a function"]
-    return [f"{subjects[(i + offset) % len(subjects)]} {tasks[(i * 3 + offset) % len(tasks)]} and the team gets a reward of {i % 10}."
-            for i in range(n)]
+    return [
+        f"{subjects[(i + offset) % len(subjects)]} {tasks[(i * 3 + offset) % len(tasks)]} and the team gets a reward of {i % 10}."
+        for i in range(n)
+    ]
 
 
 def length_reward(prompts, completions, **kwargs):
@@ -133,20 +135,30 @@ def build_trainer(config_name: str, size: str, opts, out_dir: str):
     models = [AutoModelForCausalLM.from_pretrained(p, dtype=dtype) for p in paths]
     # Build the critic ourselves only to give it the same dtype as the actors (the library would load it from
     # agent 0's folder in the checkpoint's dtype); same model class and number of outputs as the default.
-    value_model = AutoModelForSequenceClassification.from_pretrained(paths[0], num_labels=critic_outputs(args, 2), dtype=dtype)
+    value_model = AutoModelForSequenceClassification.from_pretrained(
+        paths[0], num_labels=critic_outputs(args, 2), dtype=dtype
+    )
     if on_cuda:
         models = [m.to("cuda") for m in models]
         value_model = value_model.to("cuda")
     from datasets import Dataset
 
     ds = Dataset.from_dict({"prompt": _prompts(opts.batch, 0)})
-    trainer = MultiAgentPPOTrainer(args=args, processing_class=tok, model=models, value_model=value_model,
-                                   train_dataset=ds, reward_funcs=length_reward)
+    trainer = MultiAgentPPOTrainer(
+        args=args,
+        processing_class=tok,
+        model=models,
+        value_model=value_model,
+        train_dataset=ds,
+        reward_funcs=length_reward,
+    )
     trainer._batch_sizes()
     total_iterations = opts.iterations + opts.warmup
     args.total_episodes = total_iterations * args.batch_size
     args.num_total_batches = total_iterations
-    trainer.create_optimizer_and_scheduler(num_training_steps=total_iterations * trainer.optimizer_steps_per_iteration())
+    trainer.create_optimizer_and_scheduler(
+        num_training_steps=total_iterations * trainer.optimizer_steps_per_iteration()
+    )
     return trainer
 
 
@@ -164,7 +176,7 @@ def bare_generate(trainer, rows: list[dict], device: str) -> tuple[float, int]:
         model.eval()
         ids, mask = team.encode(a, prompts, trainer.accelerator.device)
         out = model.generate(input_ids=ids, attention_mask=mask, **kwargs)
-        tokens += out[:, ids.shape[1]:].numel()
+        tokens += out[:, ids.shape[1] :].numel()
     _sync(device)
     return time.perf_counter() - t0, tokens
 
@@ -236,7 +248,10 @@ def run_config(config_name: str, size: str, opts) -> dict:
             generate_s_all=gen_s,
             generated_tokens=sum(tokens) / len(tokens),
             bare_generate_tokens=sum(gen_tokens) / len(gen_tokens),
-            phases_s={k: statistics.median(p.get(k, 0.0) for p in phases) for k in ("rollout", "score_rollout", "update", "other")},
+            phases_s={
+                k: statistics.median(p.get(k, 0.0) for p in phases)
+                for k in ("rollout", "score_rollout", "update", "other")
+            },
             peak_rss_mib=_peak_rss_mib(),
             cuda_max_allocated_mib=torch.cuda.max_memory_allocated() / 2**20 if opts.device == "cuda" else None,
         )
@@ -252,42 +267,58 @@ def run_config(config_name: str, size: str, opts) -> dict:
 
 # ---------------------------------------------------------------------------------------------- report
 def print_table(results: list[dict], opts) -> None:
-    head = (f"{'size':<6} {'config':<8} {'ep/s':>7} {'gen tok/s':>10} {'iter s':>8} {'gen s':>8} {'iter/gen':>9} {'(min)':>6} "
-            f"{'rollout':>8} {'score':>7} {'update':>7} {'other':>7} {'steps':>5} {'RSS MiB':>8}")
+    head = (
+        f"{'size':<6} {'config':<8} {'ep/s':>7} {'gen tok/s':>10} {'iter s':>8} {'gen s':>8} {'iter/gen':>9} {'(min)':>6} "
+        f"{'rollout':>8} {'score':>7} {'update':>7} {'other':>7} {'steps':>5} {'RSS MiB':>8}"
+    )
     if opts.device == "cuda":
         head += f" {'cuda MiB':>9}"
     print(head)
     print("-" * len(head))
     for r in results:
         ph = r["phases_s"]
-        line = (f"{r['size']:<6} {r['config']:<8} {r['episodes_per_s']:>7.2f} {r['tokens_per_s']:>10.1f} "
-                f"{r['iteration_s']:>8.3f} {r['generate_s']:>8.3f} {r['ratio']:>9.2f} {r['ratio_min']:>6.2f} "
-                f"{ph['rollout']:>8.3f} {ph['score_rollout']:>7.3f} {ph['update']:>7.3f} {ph['other']:>7.3f} "
-                f"{r['optimizer_steps_per_iteration']:>5d} {r['peak_rss_mib']:>8.0f}")
+        line = (
+            f"{r['size']:<6} {r['config']:<8} {r['episodes_per_s']:>7.2f} {r['tokens_per_s']:>10.1f} "
+            f"{r['iteration_s']:>8.3f} {r['generate_s']:>8.3f} {r['ratio']:>9.2f} {r['ratio_min']:>6.2f} "
+            f"{ph['rollout']:>8.3f} {ph['score_rollout']:>7.3f} {ph['update']:>7.3f} {ph['other']:>7.3f} "
+            f"{r['optimizer_steps_per_iteration']:>5d} {r['peak_rss_mib']:>8.0f}"
+        )
         if opts.device == "cuda":
             line += f" {r['cuda_max_allocated_mib']:>9.0f}"
         print(line)
     print()
     print("ep/s, gen tok/s: episodes and generated tokens (sum of response masks, all agents) per second of iteration.")
-    print("iter s: median training_iteration wall time (rollout + scoring + update); gen s: median bare model.generate()")
-    print("of the same prompts for every agent, same sampling and max_new_tokens. iter/gen: ratio of medians; (min): ratio")
-    print("of the fastest rounds (less sensitive to a busy machine). rollout/score/update/other: median split of iter s.")
+    print(
+        "iter s: median training_iteration wall time (rollout + scoring + update); gen s: median bare model.generate()"
+    )
+    print(
+        "of the same prompts for every agent, same sampling and max_new_tokens. iter/gen: ratio of medians; (min): ratio"
+    )
+    print(
+        "of the fastest rounds (less sensitive to a busy machine). rollout/score/update/other: median split of iter s."
+    )
     print("steps: optimizer steps per iteration. RSS: process peak so far (cumulative, not per row).")
     print()
     if opts.smoke:
-        print("(--smoke: 4-token responses, so fixed per-iteration costs dominate; the target is meant for the default run)")
+        print(
+            "(--smoke: 4-token responses, so fixed per-iteration costs dominate; the target is meant for the default run)"
+        )
     for r in results:
         if r["config"] != "collm":
             continue
         verdict = "OK" if r["ratio"] <= TARGET_RATIO else "ABOVE TARGET"
         if opts.smoke:
             verdict += " (smoke: not meaningful)"
-        print(f"target ({r['size']}): iteration/generate <= {TARGET_RATIO:g} for the turn-level CC preset: "
-              f"{r['ratio']:.2f} -> {verdict}")
+        print(
+            f"target ({r['size']}): iteration/generate <= {TARGET_RATIO:g} for the turn-level CC preset: "
+            f"{r['ratio']:.2f} -> {verdict}"
+        )
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--sizes", nargs="+", default=["tiny", "small"], choices=["tiny", "small", "0.5b"])
     p.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     p.add_argument("--iterations", type=int, default=3, help="timed iterations (after --warmup)")
@@ -317,19 +348,26 @@ def main(argv=None) -> int:
 
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
-    print(f"bench_iteration: torch {torch.__version__}, transformers {transformers.__version__}, python {platform.python_version()}, "
-          f"device {opts.device}{' (' + torch.cuda.get_device_name() + ')' if opts.device == 'cuda' else ''}, "
-          f"dtype {opts.dtype}, threads {torch.get_num_threads()}")
-    print(f"2 agents (separate qwen2 models) + centralized critic; batch {opts.batch}, response_length {opts.response_length}, "
-          f"{opts.warmup} warm-up + {opts.iterations} timed iterations per config")
+    print(
+        f"bench_iteration: torch {torch.__version__}, transformers {transformers.__version__}, python {platform.python_version()}, "
+        f"device {opts.device}{' (' + torch.cuda.get_device_name() + ')' if opts.device == 'cuda' else ''}, "
+        f"dtype {opts.dtype}, threads {torch.get_num_threads()}"
+    )
+    print(
+        f"2 agents (separate qwen2 models) + centralized critic; batch {opts.batch}, response_length {opts.response_length}, "
+        f"{opts.warmup} warm-up + {opts.iterations} timed iterations per config"
+    )
     print()
     results = []
     t_all = time.perf_counter()
     for size in opts.sizes:
         for config_name in opts.configs:
             r = run_config(config_name, size, opts)
-            print(f"  done {size}/{config_name}: iteration {r['iteration_s']:.3f}s, generate {r['generate_s']:.3f}s "
-                  f"(params/agent {r['params_per_agent']:,}, {r['actor_dtype']}/{r['critic_dtype']}, build {r['build_s']:.1f}s)", flush=True)
+            print(
+                f"  done {size}/{config_name}: iteration {r['iteration_s']:.3f}s, generate {r['generate_s']:.3f}s "
+                f"(params/agent {r['params_per_agent']:,}, {r['actor_dtype']}/{r['critic_dtype']}, build {r['build_s']:.1f}s)",
+                flush=True,
+            )
             results.append(r)
     print()
     print_table(results, opts)
@@ -339,10 +377,19 @@ def main(argv=None) -> int:
             print(f"\n==== cProfile: {r['size']}/{r['config']} (one iteration, sorted by tottime) ====")
             print(r["profile"])
     if opts.json:
-        meta = dict(torch=torch.__version__, transformers=transformers.__version__, device=opts.device, dtype=opts.dtype,
-                    threads=torch.get_num_threads(), target_ratio=TARGET_RATIO, argv=sys.argv[1:])
+        meta = dict(
+            torch=torch.__version__,
+            transformers=transformers.__version__,
+            device=opts.device,
+            dtype=opts.dtype,
+            threads=torch.get_num_threads(),
+            target_ratio=TARGET_RATIO,
+            argv=sys.argv[1:],
+        )
         with open(opts.json, "w") as f:
-            json.dump(dict(meta=meta, results=[{k: v for k, v in r.items() if k != "profile"} for r in results]), f, indent=2)
+            json.dump(
+                dict(meta=meta, results=[{k: v for k, v in r.items() if k != "profile"} for r in results]), f, indent=2
+            )
         print(f"wrote {opts.json}")
     return 0
 

@@ -58,14 +58,32 @@ def child(layout: str, n: int, size: str, batch: int, length: int) -> dict:
     gc.collect()
     baseline = current_rss_mib()
     args = MultiAgentPPOConfig(
-        output_dir="/tmp/trl_collm_bench_memory", agent_names=[f"agent_{i}" for i in range(n)], preset="collm",
-        centralized_value="team", per_device_train_batch_size=batch, response_length=length, use_cpu=True, bf16=False,
-        report_to=[], save_strategy="no", disable_tqdm=True, num_sample_generations=0,
+        output_dir="/tmp/trl_collm_bench_memory",
+        agent_names=[f"agent_{i}" for i in range(n)],
+        preset="collm",
+        centralized_value="team",
+        per_device_train_batch_size=batch,
+        response_length=length,
+        use_cpu=True,
+        bf16=False,
+        report_to=[],
+        save_strategy="no",
+        disable_tqdm=True,
+        num_sample_generations=0,
     )
-    kw = dict(peft_config=LoraConfig(r=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])) if layout == "lora" else {}
+    kw = (
+        dict(peft_config=LoraConfig(r=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))
+        if layout == "lora"
+        else {}
+    )
     reward = lambda prompts, completions, **k: [float(len(c[0]) % 3) for c in completions]  # noqa: E731
-    trainer = MultiAgentPPOTrainer(args=args, model=path, train_dataset=Dataset.from_dict({"prompt": ["write a plan"] * batch}),
-                                   reward_funcs=reward, **kw)
+    trainer = MultiAgentPPOTrainer(
+        args=args,
+        model=path,
+        train_dataset=Dataset.from_dict({"prompt": ["write a plan"] * batch}),
+        reward_funcs=reward,
+        **kw,
+    )
     built = rss_mib()
     trainer._batch_sizes()
     trainer.create_optimizer_and_scheduler(num_training_steps=1)
@@ -73,8 +91,17 @@ def child(layout: str, n: int, size: str, batch: int, length: int) -> dict:
     trainer.training_iteration([{"prompt": f"write plan {i}"} for i in range(batch)])
     trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in trainer.model.parameters())
-    return dict(layout=layout, agents=n, size=size, baseline_rss_mib=baseline, built_rss_mib=built, peak_rss_mib=rss_mib(),
-                iteration_s=time.time() - t0, trainable_params=trainable, total_params=total)
+    return dict(
+        layout=layout,
+        agents=n,
+        size=size,
+        baseline_rss_mib=baseline,
+        built_rss_mib=built,
+        peak_rss_mib=rss_mib(),
+        iteration_s=time.time() - t0,
+        trainable_params=trainable,
+        total_params=total,
+    )
 
 
 def main():
@@ -82,8 +109,11 @@ def main():
     p.add_argument("--size", default="medium")
     p.add_argument("--agents", nargs="+", type=int, default=[1, 2, 4, 8])
     p.add_argument("--layouts", nargs="+", default=["separate", "lora"], choices=["separate", "lora", "comlrl"])
-    p.add_argument("--theirs-python", default=os.path.join(HERE, "vs_comlrl", ".venv-comlrl", "bin", "python"),
-                   help="the comlrl virtualenv's interpreter (layout comlrl)")
+    p.add_argument(
+        "--theirs-python",
+        default=os.path.join(HERE, "vs_comlrl", ".venv-comlrl", "bin", "python"),
+        help="the comlrl virtualenv's interpreter (layout comlrl)",
+    )
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--response-length", type=int, default=16)
     p.add_argument("--json", default=None)
@@ -104,11 +134,32 @@ def main():
     results = []
     for layout in a.layouts:
         for n in a.agents:
-            cmd = [sys.executable, __file__, "--child", layout, str(n), "--size", a.size, "--batch", str(a.batch),
-                   "--response-length", str(a.response_length)]
+            cmd = [
+                sys.executable,
+                __file__,
+                "--child",
+                layout,
+                str(n),
+                "--size",
+                a.size,
+                "--batch",
+                str(a.batch),
+                "--response-length",
+                str(a.response_length),
+            ]
             if layout == "comlrl":
-                cmd = [a.theirs_python, os.path.join(HERE, "vs_comlrl", "memory_theirs.py"), "--agents", str(n), "--model", path,
-                       "--batch", str(a.batch), "--length", str(a.response_length)]
+                cmd = [
+                    a.theirs_python,
+                    os.path.join(HERE, "vs_comlrl", "memory_theirs.py"),
+                    "--agents",
+                    str(n),
+                    "--model",
+                    path,
+                    "--batch",
+                    str(a.batch),
+                    "--length",
+                    str(a.response_length),
+                ]
             out = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
             if out.returncode != 0:
                 print(out.stderr[-2000:], file=sys.stderr)
@@ -117,21 +168,29 @@ def main():
             row.setdefault("size", a.size)
             results.append(row)
             print(f"  done {layout} n={n}: peak {row['peak_rss_mib']:.0f} MiB", flush=True)
-    print(f"\nsize {a.size}; one training iteration (CC critic, preset collm, batch {a.batch}, {a.response_length} tokens)\n")
-    print(f"{'layout':9s} {'n':>2s} {'peak MiB':>9s} {'x n=1':>6s} {'above idle':>11s} {'x n=1':>6s} {'trainable M':>12s} {'iter s':>7s}")
+    print(
+        f"\nsize {a.size}; one training iteration (CC critic, preset collm, batch {a.batch}, {a.response_length} tokens)\n"
+    )
+    print(
+        f"{'layout':9s} {'n':>2s} {'peak MiB':>9s} {'x n=1':>6s} {'above idle':>11s} {'x n=1':>6s} {'trainable M':>12s} {'iter s':>7s}"
+    )
     for layout in a.layouts:
         rows = [r for r in results if r["layout"] == layout]
         first_peak = rows[0]["peak_rss_mib"]
         first_above = rows[0]["peak_rss_mib"] - rows[0]["baseline_rss_mib"]
         for r in rows:
             above = r["peak_rss_mib"] - r["baseline_rss_mib"]
-            print(f"{layout:9s} {r['agents']:2d} {r['peak_rss_mib']:9.0f} {r['peak_rss_mib'] / first_peak:6.2f} {above:11.0f} "
-                  f"{above / first_above:6.2f} {r['trainable_params'] / 1e6:12.2f} {r['iteration_s']:7.2f}")
+            print(
+                f"{layout:9s} {r['agents']:2d} {r['peak_rss_mib']:9.0f} {r['peak_rss_mib'] / first_peak:6.2f} {above:11.0f} "
+                f"{above / first_above:6.2f} {r['trainable_params'] / 1e6:12.2f} {r['iteration_s']:7.2f}"
+            )
         last = rows[-1]
         if layout == "lora":
             ratio = last["peak_rss_mib"] / first_peak
-            print(f"goal (lora): peak memory of n={last['agents']} <= 1.3x n={rows[0]['agents']}: {ratio:.2f} -> "
-                  f"{'OK' if ratio <= 1.3 else 'MISSED'}")
+            print(
+                f"goal (lora): peak memory of n={last['agents']} <= 1.3x n={rows[0]['agents']}: {ratio:.2f} -> "
+                f"{'OK' if ratio <= 1.3 else 'MISSED'}"
+            )
     print("peak: the process's peak RSS; above idle: peak minus the RSS after imports (interpreter, torch, libraries)")
     if a.json:
         with open(a.json, "w") as f:

@@ -75,9 +75,20 @@ def build(case: str, size: str, share: bool, opts, out_dir: str):
         team = dict(model=paths[0], peft_config=LoraConfig(r=8, lora_alpha=16, target_modules="all-linear"))
     rows = task.load_dataset("train", limit=opts.batch * (opts.iterations + 1))
     common = dict(
-        output_dir=out_dir, agent_names=list(task.agent_names), num_turns=task.num_turns, response_length=opts.response_length,
-        learning_rate=1e-5, use_cpu=True, bf16=False, report_to=[], save_strategy="no", logging_steps=1,
-        num_sample_generations=0, disable_tqdm=True, seed=0, share_prompt_prefix=share,
+        output_dir=out_dir,
+        agent_names=list(task.agent_names),
+        num_turns=task.num_turns,
+        response_length=opts.response_length,
+        learning_rate=1e-5,
+        use_cpu=True,
+        bf16=False,
+        report_to=[],
+        save_strategy="no",
+        logging_steps=1,
+        num_sample_generations=0,
+        disable_tqdm=True,
+        seed=0,
+        share_prompt_prefix=share,
     )
     if kind == "mc":
         args = MultiAgentMCConfig(num_generations=4, per_device_train_batch_size=max(1, opts.batch // 4), **common)
@@ -87,7 +98,9 @@ def build(case: str, size: str, share: bool, opts, out_dir: str):
         trainer = MultiAgentPPOTrainer(args=args, train_dataset=rows, env=task.make_env(), **team)
     # training_iteration() outside train() needs the batch sizes and the optimizer that train() would set up.
     trainer._batch_sizes()
-    trainer.create_optimizer_and_scheduler(num_training_steps=(opts.iterations + 1) * trainer.optimizer_steps_per_iteration())
+    trainer.create_optimizer_and_scheduler(
+        num_training_steps=(opts.iterations + 1) * trainer.optimizer_steps_per_iteration()
+    )
     return trainer, list(rows)
 
 
@@ -114,7 +127,12 @@ def main(argv=None) -> int:
     p.add_argument("--smoke", action="store_true", help="one case per kind, 1 iteration, batch 4, 4 tokens")
     opts = p.parse_args(argv)
     if opts.smoke:
-        opts.cases, opts.iterations, opts.batch, opts.response_length = ["coord-penalty/cc", "writing-summary/mc"], 1, 4, 4
+        opts.cases, opts.iterations, opts.batch, opts.response_length = (
+            ["coord-penalty/cc", "writing-summary/mc"],
+            1,
+            4,
+            4,
+        )
     import torch
     import transformers
 
@@ -127,25 +145,40 @@ def main(argv=None) -> int:
             for case in opts.cases:
                 row = dict(case=case, size=size)
                 for share in (True, False):  # alternating: one side right after the other, same rows and seed
-                    trainer, rows = build(case, size, share, opts, os.path.join(tmp, f"{case.replace('/', '-')}-{share}"))
+                    trainer, rows = build(
+                        case, size, share, opts, os.path.join(tmp, f"{case.replace('/', '-')}-{share}")
+                    )
                     per_iteration = trainer.args.per_device_train_batch_size
-                    row["shared" if share else "plain"] = time_iterations(trainer, rows, per_iteration, opts.iterations, counter)
+                    row["shared" if share else "plain"] = time_iterations(
+                        trainer, rows, per_iteration, opts.iterations, counter
+                    )
                     del trainer
                 sh, pl = row["shared"], row["plain"]
                 row["speedup"] = pl["iteration_s"] / sh["iteration_s"]
                 row["saved_fraction"] = sh["saved"] / sh["tokens"] if sh["tokens"] else 0.0
                 results.append(row)
-                print(f"{size:5s} {case:20s} shared {sh['iteration_s']:7.3f}s  plain {pl['iteration_s']:7.3f}s  "
-                      f"speed-up {row['speedup']:.2f}x  tokens skipped {100 * row['saved_fraction']:.0f}%", flush=True)
+                print(
+                    f"{size:5s} {case:20s} shared {sh['iteration_s']:7.3f}s  plain {pl['iteration_s']:7.3f}s  "
+                    f"speed-up {row['speedup']:.2f}x  tokens skipped {100 * row['saved_fraction']:.0f}%",
+                    flush=True,
+                )
     print()
     print("| size | task / trainer | iteration s, shared | iteration s, plain | speed-up | forward tokens skipped |")
     print("|---|---|---|---|---|---|")
     for r in results:
-        print(f"| {r['size']} | {r['case']} | {r['shared']['iteration_s']:.3f} | {r['plain']['iteration_s']:.3f} | "
-              f"**{r['speedup']:.2f}x** | {100 * r['saved_fraction']:.0f}% |")
-    meta = dict(command="python benchmarks/bench_prefix.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-                machine=f"{platform.machine()}, {os.cpu_count()} cores", torch=torch.__version__, threads=opts.threads,
-                batch=opts.batch, response_length=opts.response_length, iterations=opts.iterations)
+        print(
+            f"| {r['size']} | {r['case']} | {r['shared']['iteration_s']:.3f} | {r['plain']['iteration_s']:.3f} | "
+            f"**{r['speedup']:.2f}x** | {100 * r['saved_fraction']:.0f}% |"
+        )
+    meta = dict(
+        command="python benchmarks/bench_prefix.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        machine=f"{platform.machine()}, {os.cpu_count()} cores",
+        torch=torch.__version__,
+        threads=opts.threads,
+        batch=opts.batch,
+        response_length=opts.response_length,
+        iterations=opts.iterations,
+    )
     if opts.json:
         with open(opts.json, "w") as f:
             json.dump(dict(meta=meta, results=results), f, indent=2)

@@ -38,8 +38,10 @@ def main():
     for size in a.sizes:
         model = build_causal_lm(build_tokenizer(), size=size).train()
         vocab = model.config.vocab_size
-        print(f"{size}: hidden {model.config.hidden_size}, layers {model.config.num_hidden_layers}, "
-              f"{prefix.layer_parameters(model)} parameters per layer, cut pays from {prefix.min_saved_tokens(model)} saved tokens")
+        print(
+            f"{size}: hidden {model.config.hidden_size}, layers {model.config.num_hidden_layers}, "
+            f"{prefix.layer_parameters(model)} parameters per layer, cut pays from {prefix.min_saved_tokens(model)} saved tokens"
+        )
         print(f"{'P':>5} {'saved tok':>9} {'shared s':>9} {'plain s':>9} {'speed-up':>8} {'plan':>6}")
         for length in a.lengths:
             gen = torch.Generator().manual_seed(length)
@@ -52,8 +54,9 @@ def main():
             def run(enabled, ids=ids, mask=mask, keep=keep, model=model):
                 model.zero_grad(set_to_none=True)
                 t0 = time.perf_counter()
-                logits = prefix.forward_last(model, ids, mask, keep, causal_lm=True, min_prefix=1, enabled=enabled,
-                                             min_saved=0)  # forced: both sides run whatever the cost model says
+                logits = prefix.forward_last(
+                    model, ids, mask, keep, causal_lm=True, min_prefix=1, enabled=enabled, min_saved=0
+                )  # forced: both sides run whatever the cost model says
                 logits.float().logsumexp(-1).mean().backward()
                 return time.perf_counter() - t0
 
@@ -66,10 +69,22 @@ def main():
             split = prefix.plan_split(ids, mask, keep, min_prefix=1)
             planned = prefix.plan_split(ids, mask, keep, min_saved=prefix.min_saved_tokens(model)) is not None
             saved = split.saved_tokens if split is not None else 0
-            print(f"{length:>5} {saved:>9} {shared:>9.4f} {plain:>9.4f} {plain / shared:>7.2f}x {('cut' if planned else 'plain'):>6}")
-            results.append({"size": size, "prompt_tokens": length, "saved_tokens": saved, "shared_s": shared,
-                            "plain_s": plain, "planned_cut": planned, "hidden": model.config.hidden_size,
-                            "layers": model.config.num_hidden_layers, "rows": int(ids.shape[0])})
+            print(
+                f"{length:>5} {saved:>9} {shared:>9.4f} {plain:>9.4f} {plain / shared:>7.2f}x {('cut' if planned else 'plain'):>6}"
+            )
+            results.append(
+                {
+                    "size": size,
+                    "prompt_tokens": length,
+                    "saved_tokens": saved,
+                    "shared_s": shared,
+                    "plain_s": plain,
+                    "planned_cut": planned,
+                    "hidden": model.config.hidden_size,
+                    "layers": model.config.num_hidden_layers,
+                    "rows": int(ids.shape[0]),
+                }
+            )
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"args": vars(a), "results": results}, f, indent=1)

@@ -44,8 +44,9 @@ DEFAULT_OLD = "b72b5f6"  # the last commit with the in-process harness (trl_coll
 def load_old(rev: str):
     """REV's trl_collm/sandbox.py as a module (it was self-contained), or None."""
     try:
-        text = subprocess.run(["git", "-C", str(REPO), "show", f"{rev}:trl_collm/sandbox.py"], capture_output=True,
-                              text=True, check=True).stdout
+        text = subprocess.run(
+            ["git", "-C", str(REPO), "show", f"{rev}:trl_collm/sandbox.py"], capture_output=True, text=True, check=True
+        ).stdout
     except (OSError, subprocess.CalledProcessError) as err:
         print(f"(no old sandbox at {rev}: {err})")
         return None
@@ -65,8 +66,14 @@ def judges(old):
 
     def new_judge(row):
         preamble, _ = _split_prompt(row["prompt"], row["entry_point"])
-        rep = run_tests(row["prompt"] + row["canonical_solution"], row["test"], entry_point=row["entry_point"],
-                        trusted_setup=preamble, timeout=30.0, per_test_timeout=3.0)
+        rep = run_tests(
+            row["prompt"] + row["canonical_solution"],
+            row["test"],
+            entry_point=row["entry_point"],
+            trusted_setup=preamble,
+            timeout=30.0,
+            per_test_timeout=3.0,
+        )
         return rep.passed, rep.total
 
     def cold_judge(row):  # no warm sandbox or judge: both start inside the measured call
@@ -77,9 +84,15 @@ def judges(old):
 
     out = {"new": new_judge, "new, cold": cold_judge}
     if old is not None:
+
         def old_judge(row):
-            rep = old.run_tests(row["prompt"] + row["canonical_solution"], row["test"], entry_point=row["entry_point"],
-                                timeout=30.0, per_test_timeout=3.0)
+            rep = old.run_tests(
+                row["prompt"] + row["canonical_solution"],
+                row["test"],
+                entry_point=row["entry_point"],
+                timeout=30.0,
+                per_test_timeout=3.0,
+            )
             return rep.passed, rep.total
 
         out["old"] = old_judge
@@ -96,8 +109,15 @@ def latency(judge_fns, rows, repeats: int) -> dict:
                 passed, total = judge(row)
                 times[name].append(time.perf_counter() - t0)
                 wrong[name] += passed != total
-    return {name: {"median_ms": 1000 * statistics.median(t), "p90_ms": 1000 * sorted(t)[int(0.9 * len(t))],
-                   "n": len(t), "not_all_passed": wrong[name]} for name, t in times.items()}
+    return {
+        name: {
+            "median_ms": 1000 * statistics.median(t),
+            "p90_ms": 1000 * sorted(t)[int(0.9 * len(t))],
+            "n": len(t),
+            "not_all_passed": wrong[name],
+        }
+        for name, t in times.items()
+    }
 
 
 def throughput(judge_fns, rows, workers: int) -> dict:
@@ -109,8 +129,11 @@ def throughput(judge_fns, rows, workers: int) -> dict:
         with ThreadPoolExecutor(max_workers=workers) as pool:
             results = list(pool.map(judge, rows))
         seconds = time.perf_counter() - t0
-        out[name] = {"problems_per_s": len(rows) / seconds, "seconds": seconds,
-                     "not_all_passed": sum(p != t for p, t in results)}
+        out[name] = {
+            "problems_per_s": len(rows) / seconds,
+            "seconds": seconds,
+            "not_all_passed": sum(p != t for p, t in results),
+        }
     return out
 
 
@@ -148,10 +171,18 @@ def iteration(old, iterations: int, batch: int) -> dict:
     plain = code_task.run_tests
     sides = {"new": plain}
     if old is not None:
-        def old_run_tests(code, tests, entry_point=None, timeout=10.0, per_test_timeout=3.0, memory_mb=512,
-                          trusted_setup=""):
-            return old.run_tests(code, tests, entry_point=entry_point, timeout=timeout,
-                                 per_test_timeout=per_test_timeout, memory_mb=memory_mb)
+
+        def old_run_tests(
+            code, tests, entry_point=None, timeout=10.0, per_test_timeout=3.0, memory_mb=512, trusted_setup=""
+        ):
+            return old.run_tests(
+                code,
+                tests,
+                entry_point=entry_point,
+                timeout=timeout,
+                per_test_timeout=per_test_timeout,
+                memory_mb=memory_mb,
+            )
 
         sides["old"] = old_run_tests
     out = {}
@@ -159,10 +190,22 @@ def iteration(old, iterations: int, batch: int) -> dict:
         trainers = {}
         for name in sides:
             args = MultiAgentPPOConfig(
-                output_dir=os.path.join(tmp, name), agent_names=["aux", "main"], num_turns=2, preset="collm",
-                per_device_train_batch_size=batch, response_length=16, learning_rate=1e-5, use_cpu=True,
-                bf16=False, report_to=[], save_strategy="no", logging_steps=1, num_sample_generations=0,
-                disable_tqdm=True, seed=0)
+                output_dir=os.path.join(tmp, name),
+                agent_names=["aux", "main"],
+                num_turns=2,
+                preset="collm",
+                per_device_train_batch_size=batch,
+                response_length=16,
+                learning_rate=1e-5,
+                use_cpu=True,
+                bf16=False,
+                report_to=[],
+                save_strategy="no",
+                logging_steps=1,
+                num_sample_generations=0,
+                disable_tqdm=True,
+                seed=0,
+            )
             tr = MultiAgentPPOTrainer(args=args, model=paths, train_dataset=rows, env=ScriptedCodeEnv())
             tr._batch_sizes()
             tr.create_optimizer_and_scheduler(num_training_steps=(iterations + 1) * tr.optimizer_steps_per_iteration())
@@ -170,7 +213,7 @@ def iteration(old, iterations: int, batch: int) -> dict:
         times = {name: [] for name in sides}
         try:
             for i in range(iterations + 1):  # iteration 0 warms up
-                chunk = rows[i * batch:(i + 1) * batch] if i else rows[:batch]
+                chunk = rows[i * batch : (i + 1) * batch] if i else rows[:batch]
                 for name, fn in sides.items():  # alternating
                     code_task.run_tests = fn
                     t0 = time.perf_counter()
@@ -209,8 +252,10 @@ def main(argv=None) -> int:
     for row in rows[:2]:  # warm-up: page cache, first bwrap
         for judge in fns.values():
             judge(row)
-    result = {"latency": latency(fns, rows[: opts.problems], opts.repeats),
-              "throughput": throughput(fns, rows[:6] if opts.smoke else rows, opts.workers)}
+    result = {
+        "latency": latency(fns, rows[: opts.problems], opts.repeats),
+        "throughput": throughput(fns, rows[:6] if opts.smoke else rows, opts.workers),
+    }
     if opts.iteration:
         result["iteration"] = iteration(old, opts.iterations, opts.batch)
 
@@ -220,8 +265,10 @@ def main(argv=None) -> int:
     for name in fns:
         lat, thr = result["latency"][name], result["throughput"].get(name)
         rate = f"{thr['problems_per_s']:.1f}" if thr else "-"
-        print(f"| {name} | {lat['median_ms']:.0f} | {lat['p90_ms']:.0f} | {rate} | "
-              f"{lat['not_all_passed'] + (thr['not_all_passed'] if thr else 0)} |")
+        print(
+            f"| {name} | {lat['median_ms']:.0f} | {lat['p90_ms']:.0f} | {rate} | "
+            f"{lat['not_all_passed'] + (thr['not_all_passed'] if thr else 0)} |"
+        )
     if "old" in fns:
         ratio = result["latency"]["new"]["median_ms"] / result["latency"]["old"]["median_ms"]
         print(f"latency new / old: {ratio:.2f}x")
@@ -233,8 +280,10 @@ def main(argv=None) -> int:
         if "old" in it:
             print(f"iteration new / old: {it['new']['iteration_s'] / it['old']['iteration_s']:.3f}x")
     if opts.json:
-        meta = {"command": "python benchmarks/bench_sandbox.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-                "machine": f"{platform.machine()}, {os.cpu_count()} cores"}
+        meta = {
+            "command": "python benchmarks/bench_sandbox.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+            "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+        }
         with open(opts.json, "w") as f:
             json.dump({"meta": meta, **result}, f, indent=2)
         print(f"wrote {opts.json}")

@@ -43,8 +43,21 @@ def launch(mode: str, out: Path, extra: list[str]) -> dict:
         env["ACCELERATE_USE_CPU"] = "true"
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", _port()]
     else:
-        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2", "--num_machines", "1",
-               "--mixed_precision", "no", "--main_process_port", _port(), "--config_file", str(CONFIGS / f"{mode}.yaml")]
+        cmd = [
+            sys.executable,
+            "-m",
+            "accelerate.commands.launch",
+            "--num_processes",
+            "2",
+            "--num_machines",
+            "1",
+            "--mixed_precision",
+            "no",
+            "--main_process_port",
+            _port(),
+            "--config_file",
+            str(CONFIGS / f"{mode}.yaml"),
+        ]
     cmd += [str(SCRIPT), "--out", str(out), *extra]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
@@ -80,12 +93,16 @@ def main():
     for m, r in result.items():
         r["fetches"] = {k: statistics.median(v) for k, v in fetches[m].items() if v}
     base = result.get("zero2", {}).get("iteration")
-    print(f"\n{'mode':<7} {'iteration s':>11} {'x ZeRO-2':>8} {'rollout':>8} {'score':>7} {'update':>7}  ZeRO-3 fetches r/s/u")
+    print(
+        f"\n{'mode':<7} {'iteration s':>11} {'x ZeRO-2':>8} {'rollout':>8} {'score':>7} {'update':>7}  ZeRO-3 fetches r/s/u"
+    )
     for m, r in result.items():
         ratio = f"{r['iteration'] / base:.2f}" if base else "-"
         f = r["fetches"]
         counts = "/".join(str(int(f.get(k, 0))) for k in ("rollout", "score_rollout", "update"))
-        print(f"{m:<7} {r['iteration']:>11.3f} {ratio:>8} {r['rollout']:>8.3f} {r['score_rollout']:>7.3f} {r['update']:>7.3f}  {counts}")
+        print(
+            f"{m:<7} {r['iteration']:>11.3f} {ratio:>8} {r['rollout']:>8.3f} {r['score_rollout']:>7.3f} {r['update']:>7.3f}  {counts}"
+        )
     if a.json:
         Path(a.json).write_text(json.dumps({"args": vars(a), "median_s": result}, indent=1))
 

@@ -37,8 +37,12 @@ def main():
     p.add_argument("--batches", type=int, nargs="+", default=[16, 64, 256])
     p.add_argument("--response-length", type=int, default=64)
     p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--cb-config", nargs="*", default=["{}"],
-                   help="JSON dicts for ContinuousBatchingConfig; each one is timed as its own column")
+    p.add_argument(
+        "--cb-config",
+        nargs="*",
+        default=["{}"],
+        help="JSON dicts for ContinuousBatchingConfig; each one is timed as its own column",
+    )
     p.add_argument("--deadline", type=float, default=None, help="Unix time by which to stop starting measurements")
     p.add_argument("--json", default=None)
     a = p.parse_args()
@@ -53,22 +57,38 @@ def main():
     path = tiny_model_dir(f"{a.size}-qwen2", size=a.size)
     rows = [f"write step {i} of the plan for the house" for i in range(max(a.batches))]
     args = MultiAgentPPOConfig(
-        output_dir="/tmp/trl_collm_gpu_speed", agent_names=["alice", "bob"], per_device_train_batch_size=max(a.batches),
-        local_rollout_forward_batch_size=max(a.batches), response_length=a.response_length, bf16=cuda, use_cpu=not cuda,
-        report_to=[], save_strategy="no", disable_tqdm=True, num_sample_generations=0,
+        output_dir="/tmp/trl_collm_gpu_speed",
+        agent_names=["alice", "bob"],
+        per_device_train_batch_size=max(a.batches),
+        local_rollout_forward_batch_size=max(a.batches),
+        response_length=a.response_length,
+        bf16=cuda,
+        use_cpu=not cuda,
+        report_to=[],
+        save_strategy="no",
+        disable_tqdm=True,
+        num_sample_generations=0,
         stop_token_id=10**9,  # never sampled: every answer runs to response_length
         model_init_kwargs={"dtype": "bfloat16"} if cuda else None,
     )
     reward = lambda prompts, completions, **k: [float(len(c[0]) % 3) for c in completions]  # noqa: E731
-    trainer = MultiAgentPPOTrainer(args=args, model=path, train_dataset=Dataset.from_dict({"prompt": rows}), reward_funcs=reward)
+    trainer = MultiAgentPPOTrainer(
+        args=args, model=path, train_dataset=Dataset.from_dict({"prompt": rows}), reward_funcs=reward
+    )
     team = trainer.team
     backends = {"generate": GenerateBackend()}
     for i, config in enumerate(a.cb_config):
         backends["continuous_batching" + (f"_{i}" if i else "")] = ContinuousBatchingBackend(json.loads(config))
     result = {
-        "size": a.size, "device": torch.cuda.get_device_name(0) if cuda else "cpu", "dtype": "bfloat16" if cuda else "float32",
-        "response_length": a.response_length, "agents": len(team.names), "torch": torch.__version__,
-        "transformers": __import__("transformers").__version__, "cb_configs": a.cb_config, "batches": {},
+        "size": a.size,
+        "device": torch.cuda.get_device_name(0) if cuda else "cpu",
+        "dtype": "bfloat16" if cuda else "float32",
+        "response_length": a.response_length,
+        "agents": len(team.names),
+        "torch": torch.__version__,
+        "transformers": __import__("transformers").__version__,
+        "cb_configs": a.cb_config,
+        "batches": {},
     }
 
     def timed(backend: str, batch: int) -> float:
@@ -107,14 +127,27 @@ def main():
             for name in backends:
                 times[name].append(timed(name, batch))
         tokens = batch * len(team.names) * a.response_length
-        entry = {name: {"median_s": statistics.median(t), "tokens_per_s": tokens / statistics.median(t), "runs_s": t,
-                        "warmup_s": warm[name]} for name, t in times.items()}
+        entry = {
+            name: {
+                "median_s": statistics.median(t),
+                "tokens_per_s": tokens / statistics.median(t),
+                "runs_s": t,
+                "warmup_s": warm[name],
+            }
+            for name, t in times.items()
+        }
         for name in backends:
             if "generate" in entry:
                 entry[name]["speedup"] = entry[name]["tokens_per_s"] / entry["generate"]["tokens_per_s"]
         result["batches"][str(batch)] = entry
-        print(f"batch {batch:>4}: " + "  ".join(f"{name} {entry[name]['tokens_per_s']:.1f} tok/s ({entry[name].get('speedup', 0):.2f}x)"
-                                                  for name in backends), flush=True)
+        print(
+            f"batch {batch:>4}: "
+            + "  ".join(
+                f"{name} {entry[name]['tokens_per_s']:.1f} tok/s ({entry[name].get('speedup', 0):.2f}x)"
+                for name in backends
+            ),
+            flush=True,
+        )
         write()
         last_cost = time.time() - t_batch
         # The next batch is larger: its cost grows with the rows (generate) or less (continuous batching).

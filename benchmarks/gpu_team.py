@@ -54,18 +54,33 @@ def main():
     under_ds = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
     cuda = torch.cuda.is_available()
     args = MultiAgentPPOConfig(
-        output_dir=a.out, agent_names=["alice", "bob"], preset="collm", centralized_value="team",
-        per_device_train_batch_size=a.batch, response_length=a.response_length, total_episodes=a.batch * (a.iterations + 1),
-        bf16=cuda, use_cpu=not (cuda or under_ds), report_to=[], save_strategy="no", disable_tqdm=True, num_sample_generations=0,
-        logging_steps=10**6, stop_token_id=10**9,  # a stop token that is never sampled: every answer runs full length
+        output_dir=a.out,
+        agent_names=["alice", "bob"],
+        preset="collm",
+        centralized_value="team",
+        per_device_train_batch_size=a.batch,
+        response_length=a.response_length,
+        total_episodes=a.batch * (a.iterations + 1),
+        bf16=cuda,
+        use_cpu=not (cuda or under_ds),
+        report_to=[],
+        save_strategy="no",
+        disable_tqdm=True,
+        num_sample_generations=0,
+        logging_steps=10**6,
+        stop_token_id=10**9,  # a stop token that is never sampled: every answer runs full length
         # plain: bf16 weights; DeepSpeed keeps fp32 master weights itself and computes in bf16
         model_init_kwargs=None if (under_ds or not cuda) else {"dtype": "bfloat16"},
     )
     if under_ds:
-        args.grad_clip_scope = "global"  # DeepSpeed clips one global norm (the preset's per-module clipping cannot apply)
+        args.grad_clip_scope = (
+            "global"  # DeepSpeed clips one global norm (the preset's per-module clipping cannot apply)
+        )
     reward = lambda prompts, completions, **k: [float(len(c[0]) % 3) for c in completions]  # noqa: E731
     rows = [f"write step {i} of the plan" for i in range(a.batch * 2)]
-    trainer = MultiAgentPPOTrainer(args=args, model=path, train_dataset=Dataset.from_dict({"prompt": rows}), reward_funcs=reward)
+    trainer = MultiAgentPPOTrainer(
+        args=args, model=path, train_dataset=Dataset.from_dict({"prompt": rows}), reward_funcs=reward
+    )
     params_per_agent = sum(p.numel() for p in trainer.team.agent_parameters("alice"))  # before ZeRO-3 partitions them
     if cuda:
         torch.cuda.reset_peak_memory_stats()
@@ -80,13 +95,19 @@ def main():
     iteration_s = sorted(m["time/iteration_s"] for m in timed)[len(timed) // 2]
     tokens = a.batch * a.response_length * 2  # two agents, full-length answers
     result = dict(
-        mode="deepspeed-zero3" if under_ds else "plain", size=a.size,
+        mode="deepspeed-zero3" if under_ds else "plain",
+        size=a.size,
         params_per_agent=params_per_agent,
-        gpu=torch.cuda.get_device_name(0) if cuda else "cpu", dtype="bfloat16" if cuda else "float32",
-        batch=a.batch, response_length=a.response_length, iterations=len(history),
-        median_iteration_s=round(iteration_s, 3), generated_tokens_per_s=round(tokens / iteration_s, 1),
+        gpu=torch.cuda.get_device_name(0) if cuda else "cpu",
+        dtype="bfloat16" if cuda else "float32",
+        batch=a.batch,
+        response_length=a.response_length,
+        iterations=len(history),
+        median_iteration_s=round(iteration_s, 3),
+        generated_tokens_per_s=round(tokens / iteration_s, 1),
         episodes_per_s=round(a.batch / iteration_s, 2),
-        peak_gpu_mib=round(torch.cuda.max_memory_allocated() / 2**20) if cuda else None, total_s=round(total, 1),
+        peak_gpu_mib=round(torch.cuda.max_memory_allocated() / 2**20) if cuda else None,
+        total_s=round(total, 1),
         final_score=history[-1]["objective/scores"],
         median_phase_s={k: round(sorted(v[1:] or v)[len(v[1:] or v) // 2], 3) for k, v in phases.items()},
     )

@@ -53,22 +53,48 @@ def run_one(task_name: str, method: str, seed: int, budget: int, batch: int, lr:
     options = TASKS[task_name][0]
     turns = options.get("turns", task.num_turns)
     common = dict(
-        output_dir=f"/tmp/trl_collm_findings/{task_name}-{method}-{seed}-{lr:g}", agent_names=task.agent_names, num_turns=turns,
-        learning_rate=lr, response_length=2, temperature=1.0, logging_steps=10**6, save_strategy="no", report_to=[],
-        num_sample_generations=0, use_cpu=True, bf16=False, seed=seed, disable_tqdm=True,
+        output_dir=f"/tmp/trl_collm_findings/{task_name}-{method}-{seed}-{lr:g}",
+        agent_names=task.agent_names,
+        num_turns=turns,
+        learning_rate=lr,
+        response_length=2,
+        temperature=1.0,
+        logging_steps=10**6,
+        save_strategy="no",
+        report_to=[],
+        num_sample_generations=0,
+        use_cpu=True,
+        bf16=False,
+        seed=seed,
+        disable_tqdm=True,
     )
     if method == "mc":
         # G samples per prompt; per_branch keeps a 4-turn prompt at G x T env steps (a tree would cost G + ... + G^T).
         group = 4
-        args = MultiAgentMCConfig(**common, num_generations=group, expansion="per_branch", per_device_train_batch_size=batch // group,
-                                  total_episodes=max(1, budget // (turns * group)))
+        args = MultiAgentMCConfig(
+            **common,
+            num_generations=group,
+            expansion="per_branch",
+            per_device_train_batch_size=batch // group,
+            total_episodes=max(1, budget // (turns * group)),
+        )
         trainer_cls = MultiAgentMCTrainer
     else:
-        args = MultiAgentPPOConfig(**common, critic_type="centralized" if method == "cc" else "decentralized", kl_coef=0.0,
-                                   num_ppo_epochs=2, per_device_train_batch_size=batch, total_episodes=max(1, budget // turns))
+        args = MultiAgentPPOConfig(
+            **common,
+            critic_type="centralized" if method == "cc" else "decentralized",
+            kl_coef=0.0,
+            num_ppo_epochs=2,
+            per_device_train_batch_size=batch,
+            total_episodes=max(1, budget // turns),
+        )
         trainer_cls = MultiAgentPPOTrainer
-    trainer = trainer_cls(args=args, model=tiny_model_dir("tiny-qwen2"), train_dataset=task.load_dataset("train"),
-                          env=task.make_env(**options))
+    trainer = trainer_cls(
+        args=args,
+        model=tiny_model_dir("tiny-qwen2"),
+        train_dataset=task.load_dataset("train"),
+        env=task.make_env(**options),
+    )
     t0 = time.time()
     trainer.train()
     steps, curve = 0, []
@@ -76,8 +102,16 @@ def run_one(task_name: str, method: str, seed: int, budget: int, batch: int, lr:
         # env steps of the iteration: MC counts its nodes; PPO plays batch episodes of objective/turns turns each
         steps += m["mc/nodes"] if "mc/nodes" in m else args.per_device_train_batch_size * m["objective/turns"]
         curve.append((steps, m["objective/scores"]))
-    return dict(task=task_name, method=method, seed=seed, lr=lr, budget=budget, batch=batch, curve=curve,
-                seconds=time.time() - t0)
+    return dict(
+        task=task_name,
+        method=method,
+        seed=seed,
+        lr=lr,
+        budget=budget,
+        batch=batch,
+        curve=curve,
+        seconds=time.time() - t0,
+    )
 
 
 def steps_to(curve, level, window=5):
@@ -119,8 +153,13 @@ def _figure(path, size, title, xlabel, ylabel):
 
 def plot(results, task_name, path, title_extra=""):
     """Mean and min-max band over seeds of each method's runs in `results` (one learning rate per method)."""
-    with _figure(path, (6.5, 3.8), f"{task_name}: {TASKS[task_name][2]}{title_extra}", "environment steps",
-                 "mean episode return (moving mean of 5)") as ax:
+    with _figure(
+        path,
+        (6.5, 3.8),
+        f"{task_name}: {TASKS[task_name][2]}{title_extra}",
+        "environment steps",
+        "mean episode return (moving mean of 5)",
+    ) as ax:
         for method in METHODS:
             runs = [r for r in results if r["task"] == task_name and r["method"] == method]
             if not runs:
@@ -128,34 +167,61 @@ def plot(results, task_name, path, title_extra=""):
             curves = [r["curve"] for r in runs]
             length = min(len(c) for c in curves)
             xs = [curves[0][i][0] for i in range(length)]
-            smooth = [[sum(v for _, v in c[max(0, i - 4) : i + 1]) / len(c[max(0, i - 4) : i + 1]) for i in range(length)] for c in curves]
+            smooth = [
+                [sum(v for _, v in c[max(0, i - 4) : i + 1]) / len(c[max(0, i - 4) : i + 1]) for i in range(length)]
+                for c in curves
+            ]
             mean = [sum(s[i] for s in smooth) / len(smooth) for i in range(length)]
             lo = [min(s[i] for s in smooth) for i in range(length)]
             hi = [max(s[i] for s in smooth) for i in range(length)]
-            ax.plot(xs, mean, color=COLOURS[method], label=f"{method.upper()}, lr {runs[0]['lr']:g} ({len(runs)} seeds)")
+            ax.plot(
+                xs, mean, color=COLOURS[method], label=f"{method.upper()}, lr {runs[0]['lr']:g} ({len(runs)} seeds)"
+            )
             ax.fill_between(xs, lo, hi, color=COLOURS[method], alpha=0.2)
 
 
 def plot_lr(results, task_name, lrs, path):
     """Final return against the learning rate, per method (mean and min-max over seeds)."""
-    with _figure(path, (5.5, 3.6), f"{task_name}: {TASKS[task_name][2]}", "learning rate",
-                 "final return (mean, min-max over seeds)") as ax:
+    with _figure(
+        path,
+        (5.5, 3.6),
+        f"{task_name}: {TASKS[task_name][2]}",
+        "learning rate",
+        "final return (mean, min-max over seeds)",
+    ) as ax:
         for method in METHODS:
             xs, mean, lo, hi = [], [], [], []
             for lr in sorted(lrs.get(method, [])):
-                f = [final(r["curve"]) for r in results if r["task"] == task_name and r["method"] == method and r["lr"] == lr]
+                f = [
+                    final(r["curve"])
+                    for r in results
+                    if r["task"] == task_name and r["method"] == method and r["lr"] == lr
+                ]
                 if f:
                     xs.append(lr), mean.append(sum(f) / len(f)), lo.append(min(f)), hi.append(max(f))
             if xs:
-                ax.errorbar(xs, mean, yerr=[[m - l for m, l in zip(mean, lo)], [h - m for m, h in zip(mean, hi)]],
-                            color=COLOURS[method], marker="o", capsize=3, label=method.upper())
+                ax.errorbar(
+                    xs,
+                    mean,
+                    yerr=[[m - low for m, low in zip(mean, lo)], [h - m for m, h in zip(mean, hi)]],
+                    color=COLOURS[method],
+                    marker="o",
+                    capsize=3,
+                    label=method.upper(),
+                )
         ax.set_xscale("log")
 
 
 def _key(r) -> tuple:
     # Runs saved before the sweep existed carry no lr / budget / batch: they used 1e-2, the full budget and 16.
-    return (r["task"], r["method"], int(r["seed"]), float(r.get("lr", DEFAULT_LR)), int(r.get("budget", TASKS[r["task"]][1])),
-            int(r.get("batch", 16)))
+    return (
+        r["task"],
+        r["method"],
+        int(r["seed"]),
+        float(r.get("lr", DEFAULT_LR)),
+        int(r.get("budget", TASKS[r["task"]][1])),
+        int(r.get("batch", 16)),
+    )
 
 
 def report(results, task_name, methods, title):
@@ -171,19 +237,37 @@ def report(results, task_name, methods, title):
     start = sum(starts) / len(starts)
     level = start + 0.8 * (best - start)
     print(f"\n{title}\n{task_name}: start {start:.3f}, best final {best:.3f}, 80% level {level:.3f}")
-    print(f"{'task':15s} {'method':6s} {'lr':>7s} {'final (mean / min / max over seeds)':38s} env steps to 80% of best final")
+    print(
+        f"{'task':15s} {'method':6s} {'lr':>7s} {'final (mean / min / max over seeds)':38s} env steps to 80% of best final"
+    )
     rows = []
     for m in finals:
         runs = [r for r in results if r["task"] == task_name and r["method"] == m]
         reach = [steps_to(r["curve"], level) for r in runs]
         reached = [x for x in reach if x is not None]
-        reach_txt = (f"{sum(reached) / len(reached):.0f} (mean of {len(reached)}/{len(reach)} seeds that reached it)"
-                     if reached else "not reached")
+        reach_txt = (
+            f"{sum(reached) / len(reached):.0f} (mean of {len(reached)}/{len(reach)} seeds that reached it)"
+            if reached
+            else "not reached"
+        )
         f = finals[m]
         lr = runs[0].get("lr", DEFAULT_LR)
-        print(f"{task_name:15s} {m.upper():6s} {lr:7.0e} {sum(f) / len(f):6.3f} / {min(f):6.3f} / {max(f):6.3f}{'':17s} {reach_txt}")
-        rows.append(dict(task=task_name, method=m, lr=lr, final_mean=sum(f) / len(f), final_min=min(f), final_max=max(f),
-                         reach=reached, seeds=len(reach), level=level))
+        print(
+            f"{task_name:15s} {m.upper():6s} {lr:7.0e} {sum(f) / len(f):6.3f} / {min(f):6.3f} / {max(f):6.3f}{'':17s} {reach_txt}"
+        )
+        rows.append(
+            dict(
+                task=task_name,
+                method=m,
+                lr=lr,
+                final_mean=sum(f) / len(f),
+                final_min=min(f),
+                final_max=max(f),
+                reach=reached,
+                seeds=len(reach),
+                level=level,
+            )
+        )
     return rows
 
 
@@ -192,13 +276,23 @@ def main():
     p.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
     p.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    p.add_argument("--lrs", nargs="+", type=float, default=[DEFAULT_LR], help="learning rates of CC and DC (and MC unless --mc-lrs)")
+    p.add_argument(
+        "--lrs",
+        nargs="+",
+        type=float,
+        default=[DEFAULT_LR],
+        help="learning rates of CC and DC (and MC unless --mc-lrs)",
+    )
     p.add_argument("--mc-lrs", nargs="+", type=float, default=None, help="learning rates of MC (default: --lrs)")
-    p.add_argument("--batch", type=int, default=16, help="episodes (PPO) or samples (MC: batch/G prompts x G) per iteration")
+    p.add_argument(
+        "--batch", type=int, default=16, help="episodes (PPO) or samples (MC: batch/G prompts x G) per iteration"
+    )
     p.add_argument("--budget-scale", type=float, default=1.0, help="multiply every task's env-step budget")
     p.add_argument("--jobs", type=int, default=1, help="runs at once (one CPU thread each)")
     p.add_argument("--reuse", action="store_true", help="keep the runs already in --out instead of running them again")
-    p.add_argument("--out", default=None, help="JSON of every run (default docs/data/paper_findings.json; /tmp for --smoke)")
+    p.add_argument(
+        "--out", default=None, help="JSON of every run (default docs/data/paper_findings.json; /tmp for --smoke)"
+    )
     p.add_argument("--png-prefix", default=None, help="plots go to PREFIX_<task>.png (default docs/paper_findings)")
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--child", nargs=4, metavar=("TASK", "METHOD", "SEED", "LR"), help=argparse.SUPPRESS)
@@ -218,8 +312,14 @@ def main():
     tiny_model_dir("tiny-qwen2")
     lrs = {m: (a.mc_lrs or a.lrs) if m == "mc" else a.lrs for m in a.methods}
     # Interleave methods within each seed so machine load drifts affect them alike.
-    plan = [(t, m, seed, lr) for t in a.tasks for seed in a.seeds for lr in sorted({x for v in lrs.values() for x in v})
-            for m in a.methods if lr in lrs[m]]
+    plan = [
+        (t, m, seed, lr)
+        for t in a.tasks
+        for seed in a.seeds
+        for lr in sorted({x for v in lrs.values() for x in v})
+        for m in a.methods
+        if lr in lrs[m]
+    ]
     key_of = lambda x: (x[0], x[1], x[2], x[3], int(TASKS[x[0]][1] * a.budget_scale), a.batch)  # noqa: E731
     results = []
     if os.path.exists(a.out):
@@ -235,8 +335,19 @@ def main():
 
     def launch(job):
         task_name, method, seed, lr = job
-        cmd = [sys.executable, __file__, "--child", task_name, method, str(seed), repr(lr), "--batch", str(a.batch),
-               "--budget-scale", str(a.budget_scale)]
+        cmd = [
+            sys.executable,
+            __file__,
+            "--child",
+            task_name,
+            method,
+            str(seed),
+            repr(lr),
+            "--batch",
+            str(a.batch),
+            "--budget-scale",
+            str(a.budget_scale),
+        ]
         out = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
         if out.returncode != 0:
             raise RuntimeError(f"run {task_name}/{method}/seed {seed}/lr {lr:g} failed:\n{out.stderr[-3000:]}")
@@ -248,12 +359,22 @@ def main():
             results.append(row)
             with open(a.out, "w") as f:  # after every run: an interrupted sweep keeps what it did (see --reuse)
                 json.dump(results, f)
-            print(f"  {row['task']:15s} {row['method']} seed {row['seed']} lr {row['lr']:g}: final {final(row['curve']):.3f} "
-                  f"({row['seconds']:.0f}s)", flush=True)
+            print(
+                f"  {row['task']:15s} {row['method']} seed {row['seed']} lr {row['lr']:g}: final {final(row['curve']):.3f} "
+                f"({row['seconds']:.0f}s)",
+                flush=True,
+            )
 
     budget_of = {t: int(TASKS[t][1] * a.budget_scale) for t in a.tasks}
-    mine = [r for r in results if r["task"] in a.tasks and r["method"] in a.methods and int(r["seed"]) in a.seeds
-            and _key(r)[4] == budget_of[r["task"]] and _key(r)[5] == a.batch]
+    mine = [
+        r
+        for r in results
+        if r["task"] in a.tasks
+        and r["method"] in a.methods
+        and int(r["seed"]) in a.seeds
+        and _key(r)[4] == budget_of[r["task"]]
+        and _key(r)[5] == a.batch
+    ]
     for r in mine:
         r.setdefault("lr", DEFAULT_LR)
     common_lrs = sorted(set.intersection(*(set(v) for v in lrs.values())))
@@ -269,12 +390,19 @@ def main():
         if any(len(v) > 1 for v in lrs.values()):
             chosen = {}
             for m in a.methods:
-                score = {lr: [final(r["curve"]) for r in mine if r["task"] == task_name and r["method"] == m and r["lr"] == lr]
-                         for lr in lrs[m]}
+                score = {
+                    lr: [
+                        final(r["curve"]) for r in mine if r["task"] == task_name and r["method"] == m and r["lr"] == lr
+                    ]
+                    for lr in lrs[m]
+                }
                 score = {lr: sum(v) / len(v) for lr, v in score.items() if v}
                 if score:
                     chosen[m] = max(score, key=score.get)
-                    print(f"{task_name} {m.upper()}: mean final by lr " + ", ".join(f"{lr:g}: {v:.3f}" for lr, v in sorted(score.items())))
+                    print(
+                        f"{task_name} {m.upper()}: mean final by lr "
+                        + ", ".join(f"{lr:g}: {v:.3f}" for lr, v in sorted(score.items()))
+                    )
             tuned = [r for r in mine if r["task"] == task_name and chosen.get(r["method"]) == r["lr"]]
             report(tuned, task_name, a.methods, "== each method at its best learning rate ==")
             try:

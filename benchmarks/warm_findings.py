@@ -42,10 +42,28 @@ PAPER_STRBUILD = {"warm": (36.6, 0.9), "mc": (50.6, 13.3), "dc": (44.6, 7.6), "c
 TASKS = {
     # warm start: expert episodes and SFT epochs; RL: env-step budget, PPO episodes (MC: samples) per iteration,
     # max new tokens; eval: repeats of every eval row
-    "building-str": dict(episodes=160, epochs=2.0, budget=128, batch=8, response_length=48, repeats=1,
-                         lrs=(1e-3, 3e-3), mc_lrs=(1e-3, 3e-3, 1e-2), describe="StrBuild, 2 builders, 4 turns (dense per-turn reward)"),
-    "writing-tags": dict(episodes=800, epochs=2.0, budget=512, batch=16, response_length=16, repeats=4,
-                         lrs=(1e-3, 3e-3), mc_lrs=(1e-3, 3e-3, 1e-2), describe="2 taggers, 1 turn, the right tag depends on the post"),
+    "building-str": dict(
+        episodes=160,
+        epochs=2.0,
+        budget=128,
+        batch=8,
+        response_length=48,
+        repeats=1,
+        lrs=(1e-3, 3e-3),
+        mc_lrs=(1e-3, 3e-3, 1e-2),
+        describe="StrBuild, 2 builders, 4 turns (dense per-turn reward)",
+    ),
+    "writing-tags": dict(
+        episodes=800,
+        epochs=2.0,
+        budget=512,
+        batch=16,
+        response_length=16,
+        repeats=4,
+        lrs=(1e-3, 3e-3),
+        mc_lrs=(1e-3, 3e-3, 1e-2),
+        describe="2 taggers, 1 turn, the right tag depends on the post",
+    ),
 }
 SMOKE = dict(episodes=6, epochs=1.0, budget=8, batch=4, repeats=1)
 
@@ -79,12 +97,27 @@ def evaluate(task_name, model, s, **kwargs) -> dict:
 
     rows = list(_task(task_name).load_dataset("eval"))
     fn = evaluate_building if task_name == "building-str" else evaluate_tags
-    return fn(model if isinstance(model, str) else None, rows, repeats=s["repeats"], seed=EVAL_SEED, task=task_name,
-              max_new_tokens=s["response_length"], **kwargs)
+    return fn(
+        model if isinstance(model, str) else None,
+        rows,
+        repeats=s["repeats"],
+        seed=EVAL_SEED,
+        task=task_name,
+        max_new_tokens=s["response_length"],
+        **kwargs,
+    )
 
 
-def run_one(task_name: str, warm: str, method: str, seed: int, lr: float, smoke: bool, render_dir: str | None,
-            budget: int | None = None) -> dict:
+def run_one(
+    task_name: str,
+    warm: str,
+    method: str,
+    seed: int,
+    lr: float,
+    smoke: bool,
+    render_dir: str | None,
+    budget: int | None = None,
+) -> dict:
     """One training run in this process: the curve (env steps -> mean training return) and the final team's scores."""
     import torch
 
@@ -95,21 +128,40 @@ def run_one(task_name: str, warm: str, method: str, seed: int, lr: float, smoke:
     task = _task(task_name)
     turns = task.num_turns
     common = dict(
-        output_dir=f"/tmp/trl_collm_warm_findings/{task_name}-{method}-{seed}-{lr:g}", agent_names=task.agent_names,
-        num_turns=turns, learning_rate=lr, response_length=s["response_length"], temperature=1.0,
-        logging_steps=10**6, save_strategy="no", report_to=[], num_sample_generations=0, use_cpu=True, bf16=False,
-        seed=seed, disable_tqdm=True,
+        output_dir=f"/tmp/trl_collm_warm_findings/{task_name}-{method}-{seed}-{lr:g}",
+        agent_names=task.agent_names,
+        num_turns=turns,
+        learning_rate=lr,
+        response_length=s["response_length"],
+        temperature=1.0,
+        logging_steps=10**6,
+        save_strategy="no",
+        report_to=[],
+        num_sample_generations=0,
+        use_cpu=True,
+        bf16=False,
+        seed=seed,
+        disable_tqdm=True,
     )
     if method == "mc":
         group = 4  # G samples per node; per_branch: a T-turn prompt costs G x T env steps
-        args = MultiAgentMCConfig(**common, num_generations=group, expansion="per_branch",
-                                  per_device_train_batch_size=max(1, s["batch"] // group),
-                                  total_episodes=max(1, s["budget"] // (turns * group)))
+        args = MultiAgentMCConfig(
+            **common,
+            num_generations=group,
+            expansion="per_branch",
+            per_device_train_batch_size=max(1, s["batch"] // group),
+            total_episodes=max(1, s["budget"] // (turns * group)),
+        )
         trainer_cls = MultiAgentMCTrainer
     else:
-        args = MultiAgentPPOConfig(**common, critic_type="centralized" if method == "cc" else "decentralized",
-                                   kl_coef=0.0, num_ppo_epochs=1, per_device_train_batch_size=s["batch"],
-                                   total_episodes=max(1, s["budget"] // turns))
+        args = MultiAgentPPOConfig(
+            **common,
+            critic_type="centralized" if method == "cc" else "decentralized",
+            kl_coef=0.0,
+            num_ppo_epochs=1,
+            per_device_train_batch_size=s["batch"],
+            total_episodes=max(1, s["budget"] // turns),
+        )
         trainer_cls = MultiAgentPPOTrainer
     trainer = trainer_cls(args=args, model=warm, train_dataset=task.load_dataset("train"), env=task.make_env())
     t0 = time.time()
@@ -123,8 +175,18 @@ def run_one(task_name: str, warm: str, method: str, seed: int, lr: float, smoke:
     scores = evaluate(task_name, team, s, team=team)
     if render_dir:
         render(team, render_dir, f"{method}-seed{seed}-lr{lr:g}-b{s['budget']}", s["response_length"])
-    return dict(task=task_name, method=method, seed=seed, lr=lr, budget=s["budget"], batch=s["batch"], smoke=smoke,
-                curve=curve, eval=scores, seconds=seconds)
+    return dict(
+        task=task_name,
+        method=method,
+        seed=seed,
+        lr=lr,
+        budget=s["budget"],
+        batch=s["batch"],
+        smoke=smoke,
+        curve=curve,
+        eval=scores,
+        seconds=seconds,
+    )
 
 
 def render(team_or_path, folder, tag, max_new_tokens) -> list[str]:
@@ -133,11 +195,18 @@ def render(team_or_path, folder, tag, max_new_tokens) -> list[str]:
 
     rows = [{"target": t, "kind": "str"} for t in RENDER_TARGETS]
     is_path = isinstance(team_or_path, str)
-    _, roll = rollout_team(team_or_path if is_path else None, rows, seed=EVAL_SEED, max_new_tokens=max_new_tokens,
-                           team=None if is_path else team_or_path)
+    _, roll = rollout_team(
+        team_or_path if is_path else None,
+        rows,
+        seed=EVAL_SEED,
+        max_new_tokens=max_new_tokens,
+        team=None if is_path else team_or_path,
+    )
     os.makedirs(folder, exist_ok=True)
-    return [env.render_png(os.path.join(folder, f"{tag}-{row['target']}.png"))
-            for row, env in zip(rows, replay_building(rows, roll))]
+    return [
+        env.render_png(os.path.join(folder, f"{tag}-{row['target']}.png"))
+        for row, env in zip(rows, replay_building(rows, roll))
+    ]
 
 
 def combine_renders(folder, tags, labels, path):
@@ -147,8 +216,9 @@ def combine_renders(folder, tags, labels, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(len(tags), len(RENDER_TARGETS), figsize=(5.0 * len(RENDER_TARGETS), 2.2 * len(tags)),
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        len(tags), len(RENDER_TARGETS), figsize=(5.0 * len(RENDER_TARGETS), 2.2 * len(tags)), squeeze=False
+    )
     for i, (tag, label) in enumerate(zip(tags, labels)):
         for j, target in enumerate(RENDER_TARGETS):
             ax = axes[i][j]
@@ -164,8 +234,13 @@ def combine_renders(folder, tags, labels, path):
 
 
 def plot_curves(results, task_name, path, warm_return):
-    with _figure(path, (6.5, 3.8), f"{task_name} from a warm start\n{TASKS[task_name]['describe']}", "environment steps",
-                 "training return (moving mean of 5)") as ax:
+    with _figure(
+        path,
+        (6.5, 3.8),
+        f"{task_name} from a warm start\n{TASKS[task_name]['describe']}",
+        "environment steps",
+        "training return (moving mean of 5)",
+    ) as ax:
         for method in METHODS:
             runs = [r for r in results if r["method"] == method]
             if not runs:
@@ -173,12 +248,16 @@ def plot_curves(results, task_name, path, warm_return):
             curves = [r["curve"] for r in runs]
             length = min(len(c) for c in curves)
             xs = [curves[0][i][0] for i in range(length)]
-            smooth = [[sum(v for _, v in c[max(0, i - 4): i + 1]) / len(c[max(0, i - 4): i + 1]) for i in range(length)]
-                      for c in curves]
+            smooth = [
+                [sum(v for _, v in c[max(0, i - 4) : i + 1]) / len(c[max(0, i - 4) : i + 1]) for i in range(length)]
+                for c in curves
+            ]
             mean = [sum(s[i] for s in smooth) / len(smooth) for i in range(length)]
             lo = [min(s[i] for s in smooth) for i in range(length)]
             hi = [max(s[i] for s in smooth) for i in range(length)]
-            ax.plot(xs, mean, color=COLOURS[method], label=f"{method.upper()}, lr {runs[0]['lr']:g} ({len(runs)} seeds)")
+            ax.plot(
+                xs, mean, color=COLOURS[method], label=f"{method.upper()}, lr {runs[0]['lr']:g} ({len(runs)} seeds)"
+            )
             ax.fill_between(xs, lo, hi, color=COLOURS[method], alpha=0.2)
         ax.axhline(warm_return, color="grey", ls="--", lw=1, label="warm start (eval)")
 
@@ -189,10 +268,18 @@ def _stats(values):
 
 # (column name, eval key or function, decimals)
 COLUMNS = {
-    "building-str": [("IoU %", "iou_pct", 1), ("Adj %", "adj_pct", 1), ("return (max 2)", "return_mean", 3),
-                     ("valid lines", "valid_rate", 2)],
-    "writing-tags": [("return (max 2)", "return_mean", 3), ("forum tag right", lambda e: e["own_tag_rate"]["forum"], 2),
-                     ("subject tag right", lambda e: e["own_tag_rate"]["subject"], 2), ("both right", "perfect_rate", 2)],
+    "building-str": [
+        ("IoU %", "iou_pct", 1),
+        ("Adj %", "adj_pct", 1),
+        ("return (max 2)", "return_mean", 3),
+        ("valid lines", "valid_rate", 2),
+    ],
+    "writing-tags": [
+        ("return (max 2)", "return_mean", 3),
+        ("forum tag right", lambda e: e["own_tag_rate"]["forum"], 2),
+        ("subject tag right", lambda e: e["own_tag_rate"]["subject"], 2),
+        ("both right", "perfect_rate", 2),
+    ],
 }
 
 
@@ -214,13 +301,28 @@ def table(results, task_name, warm_eval):
     start = sum(starts) / len(starts)
     level = start + 0.8 * (best - start)
     cols = COLUMNS[task_name]
-    rows = [dict(method="warm", seeds=1, lr=None, reach=None, train_final=None,
-                 cols=[(_value(warm_eval, k),) * 3 for _, k, _ in cols])]
+    rows = [
+        dict(
+            method="warm",
+            seeds=1,
+            lr=None,
+            reach=None,
+            train_final=None,
+            cols=[(_value(warm_eval, k),) * 3 for _, k, _ in cols],
+        )
+    ]
     for m in finals:
         runs = [r for r in results if r["method"] == m]
-        rows.append(dict(method=m, seeds=len(runs), lr=runs[0]["lr"], train_final=_stats(finals[m]),
-                         reach=[steps_to(r["curve"], level) for r in runs],
-                         cols=[_stats([_value(r["eval"], k) for r in runs]) for _, k, _ in cols]))
+        rows.append(
+            dict(
+                method=m,
+                seeds=len(runs),
+                lr=runs[0]["lr"],
+                train_final=_stats(finals[m]),
+                reach=[steps_to(r["curve"], level) for r in runs],
+                cols=[_stats([_value(r["eval"], k) for r in runs]) for _, k, _ in cols],
+            )
+        )
     return dict(task=task_name, start=start, best=best, level=level, columns=[c for c, _, _ in cols], rows=rows)
 
 
@@ -229,8 +331,11 @@ def format_table(t) -> str:
     paper = t["task"] == "building-str"
     head = ["method", "lr", "seeds"] + t["columns"] + ["train return (final)", "env steps to 80%"]
     head += ["paper IoU / Adj"] if paper else []
-    lines = [f"steps to 80%: level {t['level']:.3f} = start {t['start']:.3f} + 0.8 x (best final {t['best']:.3f} - start)",
-             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = [
+        f"steps to 80%: level {t['level']:.3f} = start {t['start']:.3f} + 0.8 x (best final {t['best']:.3f} - start)",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+    ]
 
     def fmt(r, x, d):
         return f"{x[0]:.{d}f}" if r["seeds"] == 1 else f"{x[0]:.{d}f} ({x[1]:.{d}f} to {x[2]:.{d}f})"
@@ -257,19 +362,31 @@ def main():
     p.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--lrs", nargs="+", type=float, default=None, help="learning rates of CC and DC (default per task)")
-    p.add_argument("--mc-lrs", nargs="+", type=float, default=None,
-                   help="learning rates of MC (default per task: CC's grid reaching 3x higher, as MC's tuned rates on the "
-                        "matrix games were; here MC's best was CC's)")
+    p.add_argument(
+        "--mc-lrs",
+        nargs="+",
+        type=float,
+        default=None,
+        help="learning rates of MC (default per task: CC's grid reaching 3x higher, as MC's tuned rates on the "
+        "matrix games were; here MC's best was CC's)",
+    )
     p.add_argument("--sweep-seed", type=int, default=0, help="the seed every rate runs on; the others use the best")
     p.add_argument("--jobs", type=int, default=1, help="runs at once (separate processes, one CPU thread each)")
     p.add_argument("--reuse", action="store_true", help="keep the runs already in --out")
     p.add_argument("--warm-root", default="/tmp/trl_collm_warm", help="warm-start folders: ROOT/<task>[-smoke]")
-    p.add_argument("--out-dir", default=None, help="JSON per task: OUT_DIR/warm_findings_<task>.json (default docs/data)")
-    p.add_argument("--png-prefix", default=None, help="figures go to PREFIX_<task>_curves.png, ... (default docs/warm_findings)")
+    p.add_argument(
+        "--out-dir", default=None, help="JSON per task: OUT_DIR/warm_findings_<task>.json (default docs/data)"
+    )
+    p.add_argument(
+        "--png-prefix", default=None, help="figures go to PREFIX_<task>_curves.png, ... (default docs/warm_findings)"
+    )
     p.add_argument("--smoke", action="store_true", help="toy warm starts and budgets, sweep seed only")
     p.add_argument("--budget", type=int, default=None, help="env steps per run (default per task; part of a run's key)")
-    p.add_argument("--report-only", action="store_true",
-                   help="no new runs: tables and figures from the runs in the JSON (with --reuse), missing seeds left out")
+    p.add_argument(
+        "--report-only",
+        action="store_true",
+        help="no new runs: tables and figures from the runs in the JSON (with --reuse), missing seeds left out",
+    )
     p.add_argument("--child", nargs=5, metavar=("TASK", "METHOD", "SEED", "LR", "RENDER_DIR"), help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.smoke:
@@ -283,8 +400,16 @@ def main():
     renders = "/tmp/trl_collm_warm_renders" + ("-smoke" if a.smoke else "")  # per-run PNGs; docs get the combined one
     if a.child:
         task_name, method, seed, lr, render_dir = a.child
-        row = run_one(task_name, warm_dir(task_name), method, int(seed), float(lr), a.smoke,
-                      None if render_dir == "-" else render_dir, a.budget)
+        row = run_one(
+            task_name,
+            warm_dir(task_name),
+            method,
+            int(seed),
+            float(lr),
+            a.smoke,
+            None if render_dir == "-" else render_dir,
+            a.budget,
+        )
         print(json.dumps(row))
         return
     if a.jobs < 1:
@@ -315,16 +440,35 @@ def main():
         if a.report_only:
             return None
         render_dir = renders if task_name == "building-str" and seed == a.sweep_seed else "-"
-        cmd = [sys.executable, os.path.abspath(__file__), "--child", task_name, method, str(seed), repr(lr), render_dir,
-               "--warm-root", a.warm_root] + (["--smoke"] if a.smoke else []) + (["--budget", str(a.budget)] if a.budget else [])
-        out = subprocess.run(cmd, check=False, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+        cmd = (
+            [
+                sys.executable,
+                os.path.abspath(__file__),
+                "--child",
+                task_name,
+                method,
+                str(seed),
+                repr(lr),
+                render_dir,
+                "--warm-root",
+                a.warm_root,
+            ]
+            + (["--smoke"] if a.smoke else [])
+            + (["--budget", str(a.budget)] if a.budget else [])
+        )
+        out = subprocess.run(
+            cmd, check=False, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1")
+        )
         if out.returncode != 0:
             raise RuntimeError(f"run {task_name}/{method}/seed {seed}/lr {lr:g} failed:\n{out.stderr[-3000:]}")
         row = json.loads(out.stdout.strip().splitlines()[-1])
         results.append(row)
         save()
-        print(f"  {task_name} {method} seed {seed} lr {lr:g}: train final {final(row['curve']):.3f}, "
-              f"eval return {row['eval']['return_mean']:.3f} ({row['seconds']:.0f}s)", flush=True)
+        print(
+            f"  {task_name} {method} seed {seed} lr {lr:g}: train final {final(row['curve']):.3f}, "
+            f"eval return {row['eval']['return_mean']:.3f} ({row['seconds']:.0f}s)",
+            flush=True,
+        )
         return row
 
     for task_name in a.tasks:
@@ -345,14 +489,20 @@ def main():
         blob[task_name]["warm"] = warm_eval
         if task_name == "building-str" and not os.path.exists(os.path.join(renders, f"warm-{RENDER_TARGETS[0]}.png")):
             render(warm, renders, "warm", s["response_length"])
-        print(f"{task_name}: warm start eval {json.dumps({k: v for k, v in warm_eval.items() if k != 'per_target'})}",
-              flush=True)
+        print(
+            f"{task_name}: warm start eval {json.dumps({k: v for k, v in warm_eval.items() if k != 'per_target'})}",
+            flush=True,
+        )
         lrs = {m: list(a.lrs or s["lrs"]) for m in a.methods}
         if "mc" in lrs:
             lrs["mc"] = list(a.mc_lrs or s["mc_lrs"])
         # 1) the sweep seed at every rate (methods interleaved so machine-load drifts hit them alike)
-        sweep = [(task_name, m, a.sweep_seed, lr) for i in range(max(map(len, lrs.values()))) for m in a.methods
-                 for lr in lrs[m][i : i + 1]]
+        sweep = [
+            (task_name, m, a.sweep_seed, lr)
+            for i in range(max(map(len, lrs.values())))
+            for m in a.methods
+            for lr in lrs[m][i : i + 1]
+        ]
         with concurrent.futures.ThreadPoolExecutor(max_workers=a.jobs) as pool:
             rows = [r for r in pool.map(launch, sweep) if r is not None]
         chosen = {}
@@ -361,16 +511,25 @@ def main():
             if not score:
                 continue
             chosen[m] = max(score, key=score.get)
-            print(f"{task_name} {m.upper()}: final training return by lr "
-                  + ", ".join(f"{lr:g}: {v:.3f}" for lr, v in sorted(score.items())) + f" -> {chosen[m]:g}", flush=True)
+            print(
+                f"{task_name} {m.upper()}: final training return by lr "
+                + ", ".join(f"{lr:g}: {v:.3f}" for lr, v in sorted(score.items()))
+                + f" -> {chosen[m]:g}",
+                flush=True,
+            )
         # 2) the other seeds at each method's chosen rate
         rest = [(task_name, m, seed, chosen[m]) for seed in a.seeds if seed != a.sweep_seed for m in chosen]
         with concurrent.futures.ThreadPoolExecutor(max_workers=a.jobs) as pool:
             rows += [r for r in pool.map(launch, rest) if r is not None]
         mine = [r for r in rows if r["lr"] == chosen.get(r["method"])]
         t = table(mine, task_name, warm_eval)
-        t.update(chosen=chosen, seeds=a.seeds, sweep_seed=a.sweep_seed, lrs=lrs,
-                 warm_config=str(warm_config(task_name, a.smoke)))
+        t.update(
+            chosen=chosen,
+            seeds=a.seeds,
+            sweep_seed=a.sweep_seed,
+            lrs=lrs,
+            warm_config=str(warm_config(task_name, a.smoke)),
+        )
         blob[task_name]["table"] = t
         save()
         print(f"\n== {task_name}: each method at its best learning rate ==\n{format_table(t)}\n", flush=True)
@@ -378,9 +537,12 @@ def main():
             plot_curves(mine, task_name, f"{a.png_prefix}_{task_name}_curves.png", warm_eval["return_mean"])
             if task_name == "building-str":
                 order = [m for m in ("mc", "dc", "cc") if m in chosen]
-                combine_renders(renders, ["warm"] + [f"{m}-seed{a.sweep_seed}-lr{chosen[m]:g}-b{s['budget']}" for m in order],
-                                ["warm start"] + [f"{m.upper()} (seed {a.sweep_seed})" for m in order],
-                                f"{a.png_prefix}_{task_name}_renders.png")
+                combine_renders(
+                    renders,
+                    ["warm"] + [f"{m}-seed{a.sweep_seed}-lr{chosen[m]:g}-b{s['budget']}" for m in order],
+                    ["warm start"] + [f"{m.upper()} (seed {a.sweep_seed})" for m in order],
+                    f"{a.png_prefix}_{task_name}_renders.png",
+                )
         except ImportError:
             pass
     print(f"wrote {', '.join(out_of(t) for t in a.tasks)} and the figures {a.png_prefix}_*.png")

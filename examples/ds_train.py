@@ -29,9 +29,18 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import torch  # noqa: E402
 
 PROMPTS = [
-    "count one and", "two plus three is", "the team writes the plan", "def aux(x): return x",
-    "write a short story about", "the critic gives a value to", "agent one checks the code and", "red wool",
-    "the value of the plan", "one and two and", "def main(a, b): return", "the agents agree on",
+    "count one and",
+    "two plus three is",
+    "the team writes the plan",
+    "def aux(x): return x",
+    "write a short story about",
+    "the critic gives a value to",
+    "agent one checks the code and",
+    "red wool",
+    "the value of the plan",
+    "one and two and",
+    "def main(a, b): return",
+    "the agents agree on",
 ]
 
 
@@ -57,7 +66,10 @@ def fingerprints(trainer) -> dict:
     with ctx:
         for a in trainer.team.names:
             ps = trainer.team.agent_parameters(a)
-            out[a] = [float(sum(p.detach().double().sum() for p in ps)), float(sum(p.detach().double().abs().sum() for p in ps))]
+            out[a] = [
+                float(sum(p.detach().double().sum() for p in ps)),
+                float(sum(p.detach().double().abs().sum() for p in ps)),
+            ]
     return out
 
 
@@ -112,7 +124,9 @@ def averaged_history(trainer) -> list[dict]:
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
-    parser.add_argument("--trainer", choices=["ppo", "mc"], default="ppo", help="MultiAgentPPOTrainer or MultiAgentMCTrainer")
+    parser.add_argument(
+        "--trainer", choices=["ppo", "mc"], default="ppo", help="MultiAgentPPOTrainer or MultiAgentMCTrainer"
+    )
     parser.add_argument("--layout", choices=["separate", "shared_base"], default="separate")
     parser.add_argument("--critic", choices=["centralized", "decentralized"], default="centralized")
     parser.add_argument("--global-batch", type=int, default=4)
@@ -121,8 +135,11 @@ def main():
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--epochs", type=int, default=2, help="PPO epochs (1 with --kl-coef 0: the single-pass update)")
     parser.add_argument("--kl-coef", type=float, default=0.05)
-    parser.add_argument("--instructions", action="store_true",
-                        help="put one long instruction in front of every prompt (exercises the shared-prefix forward)")
+    parser.add_argument(
+        "--instructions",
+        action="store_true",
+        help="put one long instruction in front of every prompt (exercises the shared-prefix forward)",
+    )
     parser.add_argument("--profile", default=None, help="write rank 0's cProfile of train() to this file")
     cli = parser.parse_args()
 
@@ -188,10 +205,15 @@ def main():
         peft_config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
     trainer_cls = MultiAgentMCTrainer if cli.trainer == "mc" else MultiAgentPPOTrainer
     trainer = trainer_cls(
-        args=args, model=model_path, peft_config=peft_config, reward_funcs=varied_reward,
+        args=args,
+        model=model_path,
+        peft_config=peft_config,
+        reward_funcs=varied_reward,
         # Exactly one global batch of rows: every iteration plays the same episodes whatever the process count
         # (the shuffled order differs between 1 process and accelerate's sharded loader, the set of rows does not).
-        train_dataset=Dataset.from_dict({"prompt": [INSTRUCTIONS * cli.instructions + p for p in PROMPTS[: cli.global_batch]]}),
+        train_dataset=Dataset.from_dict(
+            {"prompt": [INSTRUCTIONS * cli.instructions + p for p in PROMPTS[: cli.global_batch]]}
+        ),
     )
     if not cli.sample:
         sampled = trainer.generation_kwargs

@@ -27,7 +27,8 @@ from datasets import load_dataset
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer, HfArgumentParser
 from trl import ModelConfig, ScriptArguments, get_peft_config, get_quantization_config
 
-from trl_collm import MultiAgentPPOConfig as PPOConfig, MultiAgentPPOTrainer as PPOTrainer
+from trl_collm import MultiAgentPPOConfig as PPOConfig
+from trl_collm import MultiAgentPPOTrainer as PPOTrainer
 
 PROMPT_COLUMN = "prompt"
 HELD_OUT_ROWS = 100  # evaluation rows taken from the end of the train split when the dataset has no test split
@@ -69,8 +70,10 @@ def main():
     policy = AutoModelForCausalLM.from_pretrained(training_args.sft_model_path, **load_kwargs)
 
     peft_config = get_peft_config(model_args)
-    ref_policy = None if peft_config is not None else AutoModelForCausalLM.from_pretrained(
-        training_args.sft_model_path, **load_kwargs
+    ref_policy = (
+        None
+        if peft_config is not None
+        else AutoModelForCausalLM.from_pretrained(training_args.sft_model_path, **load_kwargs)
     )
     # ---------------------------------------------------------------- data: only `input_ids`, like TRL's PPO
     dataset = load_dataset(script_args.dataset_name, name=script_args.dataset_config)

@@ -58,7 +58,10 @@ def main():
         seed=cli.seed,
     )
     trainer = MultiAgentPPOTrainer(
-        args=args, model=model_path, train_dataset=task.load_dataset("train"), eval_dataset=task.load_dataset("eval"),
+        args=args,
+        model=model_path,
+        train_dataset=task.load_dataset("train"),
+        eval_dataset=task.load_dataset("eval"),
         env=task.make_env(),
     )
     trainer.train()

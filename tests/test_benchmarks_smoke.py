@@ -14,8 +14,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def run_script(args, tmp_path, timeout=600):
-    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TRL_COLLM_CACHE=str(tmp_path / "models"),
-               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = dict(
+        os.environ,
+        HF_HUB_OFFLINE="1",
+        OMP_NUM_THREADS="1",
+        TRL_COLLM_CACHE=str(tmp_path / "models"),
+        PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    )
     out = subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, cwd=ROOT, timeout=timeout)
     assert out.returncode == 0, out.stderr[-3000:]
     return out.stdout
@@ -45,8 +50,24 @@ def test_bench_memory_smoke(tmp_path):
 
 def test_paper_findings_smoke_and_reuse(tmp_path):
     out = tmp_path / "findings.json"
-    args = ["benchmarks/paper_findings.py", "--smoke", "--tasks", "coord-penalty", "--out", str(out), "--png-prefix",
-            str(tmp_path / "fig"), "--lrs", "1e-2", "3e-2", "--methods", "cc", "mc", "--jobs", "2"]
+    args = [
+        "benchmarks/paper_findings.py",
+        "--smoke",
+        "--tasks",
+        "coord-penalty",
+        "--out",
+        str(out),
+        "--png-prefix",
+        str(tmp_path / "fig"),
+        "--lrs",
+        "1e-2",
+        "3e-2",
+        "--methods",
+        "cc",
+        "mc",
+        "--jobs",
+        "2",
+    ]
     stdout = run_script(args, tmp_path)
     runs = json.loads(out.read_text())
     assert sorted((r["method"], r["lr"]) for r in runs) == [("cc", 0.01), ("cc", 0.03), ("mc", 0.01), ("mc", 0.03)]
@@ -62,20 +83,46 @@ def test_paper_findings_smoke_and_reuse(tmp_path):
     args = args[: args.index("--lrs")] + ["--lrs", "1e-2", "--methods", "cc"]
     rerun = run_script(args, tmp_path)
     assert "1 runs to do (3 other runs kept" in rerun
-    assert sorted((r["method"], r["lr"]) for r in json.loads(out.read_text())) == [("cc", 0.01), ("cc", 0.03), ("mc", 0.01), ("mc", 0.03)]
+    assert sorted((r["method"], r["lr"]) for r in json.loads(out.read_text())) == [
+        ("cc", 0.01),
+        ("cc", 0.03),
+        ("mc", 0.01),
+        ("mc", 0.03),
+    ]
 
 
 def test_batching_ceiling_smoke(tmp_path):
-    stdout = run_script(["benchmarks/vs_comlrl/batching_ceiling.py", "--sizes", "tiny", "--reps", "1", "--batch", "2",
-                         "--prompt-len", "8", "--view-len", "12", "--models-dir", str(tmp_path / "m")], tmp_path)
+    stdout = run_script(
+        [
+            "benchmarks/vs_comlrl/batching_ceiling.py",
+            "--sizes",
+            "tiny",
+            "--reps",
+            "1",
+            "--batch",
+            "2",
+            "--prompt-len",
+            "8",
+            "--view-len",
+            "12",
+            "--models-dir",
+            str(tmp_path / "m"),
+        ],
+        tmp_path,
+    )
     row = json.loads(stdout.strip().splitlines()[-1])["rows"][0]
     for key in ("generate", "logprob_fwd_bwd", "critic_fwd_bwd"):
         assert row[key]["batched_s"] > 0 and row[key]["one_by_one_s"] > 0
 
 
 def test_paper_findings_rejects_bad_jobs(tmp_path):
-    out = subprocess.run([sys.executable, "benchmarks/paper_findings.py", "--jobs", "0"], capture_output=True, text=True,
-                         cwd=ROOT, env=dict(os.environ, HF_HUB_OFFLINE="1"))
+    out = subprocess.run(
+        [sys.executable, "benchmarks/paper_findings.py", "--jobs", "0"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=dict(os.environ, HF_HUB_OFFLINE="1"),
+    )
     assert out.returncode == 2 and "--jobs must be at least 1" in out.stderr
 
 

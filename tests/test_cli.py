@@ -51,10 +51,42 @@ def trained(tmp_path_factory, model_cache, qwen_path):
     """One cc team (ppo) and one mc team, each trained for 2 short iterations from the example configs."""
     root = tmp_path_factory.mktemp("cli")
     ppo_out, mc_out = root / "ppo", root / "mc"
-    assert main(["ppo", "--config", str(CONFIGS / "coord-penalty" / "cc-cpu.yaml"), "--total_episodes", "16",
-                 "--per_device_train_batch_size", "8", "--output_dir", str(ppo_out), *FAST]) == 0
-    assert main(["mc", "--config", str(CONFIGS / "coord-penalty" / "mc-cpu.yaml"), "--total_episodes", "4",
-                 "--per_device_train_batch_size", "2", "--num_generations", "2", "--output_dir", str(mc_out), *FAST]) == 0
+    assert (
+        main(
+            [
+                "ppo",
+                "--config",
+                str(CONFIGS / "coord-penalty" / "cc-cpu.yaml"),
+                "--total_episodes",
+                "16",
+                "--per_device_train_batch_size",
+                "8",
+                "--output_dir",
+                str(ppo_out),
+                *FAST,
+            ]
+        )
+        == 0
+    )
+    assert (
+        main(
+            [
+                "mc",
+                "--config",
+                str(CONFIGS / "coord-penalty" / "mc-cpu.yaml"),
+                "--total_episodes",
+                "4",
+                "--per_device_train_batch_size",
+                "2",
+                "--num_generations",
+                "2",
+                "--output_dir",
+                str(mc_out),
+                *FAST,
+            ]
+        )
+        == 0
+    )
     return {"ppo": ppo_out, "mc": mc_out}
 
 
@@ -69,11 +101,28 @@ def test_mc_writes_the_team_and_the_learning_curve(trained):
 @pytest.mark.parametrize("kind", ["ppo", "mc"])
 def test_eval_prints_a_json_summary(trained, capsys, kind):
     capsys.readouterr()
-    assert main(["eval", "--team_dir", str(trained[kind]), "--task", "coord-penalty", "--limit", "4", "--max_new_tokens", "2"]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                "--team_dir",
+                str(trained[kind]),
+                "--task",
+                "coord-penalty",
+                "--limit",
+                "4",
+                "--max_new_tokens",
+                "2",
+            ]
+        )
+        == 0
+    )
     summary = _last_json(capsys.readouterr().out)
     assert summary["task"] == "coord-penalty" and summary["episodes"] == 4
     assert PENALTY_MIN <= summary["mean_return"] <= PENALTY_MAX
-    assert summary["percent_of_max"] == pytest.approx(100.0 * summary["mean_return"] / get_task("coord-penalty").max_reward)
+    assert summary["percent_of_max"] == pytest.approx(
+        100.0 * summary["mean_return"] / get_task("coord-penalty").max_reward
+    )
 
 
 @pytest.mark.parametrize("kind", ["ppo", "mc"])
@@ -130,8 +179,11 @@ def test_team_json_records_generation_settings_and_eval_uses_them(trained, capsy
     base = ["eval", "--team_dir", str(trained["ppo"]), "--task", "coord-penalty", "--limit", "2"]
     assert main(base) == 0 and main([*base, "--sample"]) == 0
     assert main([*base, "--max_new_tokens", "3", "--sample", "--temperature", "0.5"]) == 0
-    assert [(s["max_new_tokens"], s["greedy"], s["temperature"]) for s in seen] == [(2, True, 1.0), (2, False, 1.0),
-                                                                                    (3, False, 0.5)]
+    assert [(s["max_new_tokens"], s["greedy"], s["temperature"]) for s in seen] == [
+        (2, True, 1.0),
+        (2, False, 1.0),
+        (3, False, 0.5),
+    ]
     assert seen[0]["prompt_limits"] == gen["max_prompt_length"]
 
 
@@ -144,13 +196,30 @@ def test_learning_curve_title_names_the_critic():
     from trl_collm.plotting import curve_title
 
     assert curve_title("coord-penalty", "ppo", "centralized") == "coord-penalty: ppo (CoLLM-CC, centralized critic)"
-    assert curve_title("coord-penalty", "ppo", "decentralized") == "coord-penalty: ppo (CoLLM-DC, decentralized critics)"
+    assert (
+        curve_title("coord-penalty", "ppo", "decentralized") == "coord-penalty: ppo (CoLLM-DC, decentralized critics)"
+    )
     assert curve_title("coord-penalty", "mc", None) == "coord-penalty: mc (no critic)"
 
 
 def test_play_prints_both_agents_prompts_and_answers(trained, capsys):
     capsys.readouterr()
-    assert main(["play", "--team_dir", str(trained["ppo"]), "--task", "coord-penalty", "--limit", "2", "--max_new_tokens", "2"]) == 0
+    assert (
+        main(
+            [
+                "play",
+                "--team_dir",
+                str(trained["ppo"]),
+                "--task",
+                "coord-penalty",
+                "--limit",
+                "2",
+                "--max_new_tokens",
+                "2",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert out.count("=== episode") == 2
     for i, agent in enumerate(["player_1", "player_2"]):
@@ -172,8 +241,17 @@ def test_tasks_lists_every_task(capsys):
     listed = _listed(out)
     assert listed == list_tasks()
     assert "MODULE:NAME" in out and "TaskSpec" in out and "--agent_models" in out
-    for name in ["writing-summary", "writing-intro", "code-humaneval", "building-str", "building-house",
-                 "coord-climbing", "coord-penalty", "coord-numbers", "coord-repeated"]:
+    for name in [
+        "writing-summary",
+        "writing-intro",
+        "code-humaneval",
+        "building-str",
+        "building-house",
+        "coord-climbing",
+        "coord-penalty",
+        "coord-numbers",
+        "coord-repeated",
+    ]:
         assert name in listed
 
 
@@ -204,13 +282,26 @@ def test_help_and_unknown_command(capsys):
 
 
 def test_unknown_task_is_a_clear_error(tmp_path, capsys):
-    err = _one_line_error(capsys, ["ppo", "--task", "no-such-task", "--output_dir", str(tmp_path), "--use_cpu", "true",
-                                   "--bf16", "false"])
+    err = _one_line_error(
+        capsys, ["ppo", "--task", "no-such-task", "--output_dir", str(tmp_path), "--use_cpu", "true", "--bf16", "false"]
+    )
     assert "unknown task 'no-such-task'" in err and "coord-penalty" in err and "MODULE:NAME" in err
-    err = _one_line_error(capsys, ["mc", "--config", str(CONFIGS / "coord-penalty" / "mc-cpu.yaml"), "--task", "no-such-task",
-                                   "--output_dir", str(tmp_path)])
+    err = _one_line_error(
+        capsys,
+        [
+            "mc",
+            "--config",
+            str(CONFIGS / "coord-penalty" / "mc-cpu.yaml"),
+            "--task",
+            "no-such-task",
+            "--output_dir",
+            str(tmp_path),
+        ],
+    )
     assert "unknown task 'no-such-task'" in err
-    assert "unknown task 'no-such-task'" in _one_line_error(capsys, ["eval", "--team_dir", str(tmp_path), "--task", "no-such-task"])
+    assert "unknown task 'no-such-task'" in _one_line_error(
+        capsys, ["eval", "--team_dir", str(tmp_path), "--task", "no-such-task"]
+    )
 
 
 def test_eval_of_a_folder_without_a_team(tmp_path, capsys):
@@ -295,6 +386,23 @@ def test_gpu_config_parses(rel):
 
 
 def test_cli_rejects_a_num_turns_that_contradicts_the_task(tmp_path, capsys):
-    err = _one_line_error(capsys, ["ppo", "--task", "coord-repeated", "--model_name_or_path", "tiny", "--num_turns", "2",
-                                   "--output_dir", str(tmp_path), "--use_cpu", "--bf16", "false", "--report_to", "none"])
+    err = _one_line_error(
+        capsys,
+        [
+            "ppo",
+            "--task",
+            "coord-repeated",
+            "--model_name_or_path",
+            "tiny",
+            "--num_turns",
+            "2",
+            "--output_dir",
+            str(tmp_path),
+            "--use_cpu",
+            "--bf16",
+            "false",
+            "--report_to",
+            "none",
+        ],
+    )
     assert "--num_turns 2" in err and "coord-repeated" in err and "--task_options" in err

@@ -20,8 +20,22 @@ from trl_collm.cli import UsageError, main
 
 ROOT = Path(__file__).resolve().parents[1]
 CC_CPU = str(ROOT / "examples" / "configs" / "coord-penalty" / "cc-cpu.yaml")
-SHORT = ["--total_episodes", "8", "--per_device_train_batch_size", "4", "--train_limit", "8", "--eval_limit", "4",
-         "--disable_tqdm", "true", "--logging_steps", "1", "--seed", "0"]
+SHORT = [
+    "--total_episodes",
+    "8",
+    "--per_device_train_batch_size",
+    "4",
+    "--train_limit",
+    "8",
+    "--eval_limit",
+    "4",
+    "--disable_tqdm",
+    "true",
+    "--logging_steps",
+    "1",
+    "--seed",
+    "0",
+]
 
 
 def _one_line_error(capsys, argv, after_training: bool = False) -> str:
@@ -43,9 +57,16 @@ def _fake_team(root: Path, model_dir: str, agents: list[str], num_turns: int, re
     root.mkdir(parents=True, exist_ok=True)
     for a in agents:
         shutil.copytree(model_dir, root / a)
-    desc = {"format": "trl-collm-team/1", "agents": agents, "layout": "separate", "trainer": "MultiAgentPPOTrainer",
-            "num_turns": num_turns, "preset": None, "agent_folders": {a: a for a in agents},
-            "generation": {"response_length": response_length, "temperature": 1.0}}
+    desc = {
+        "format": "trl-collm-team/1",
+        "agents": agents,
+        "layout": "separate",
+        "trainer": "MultiAgentPPOTrainer",
+        "num_turns": num_turns,
+        "preset": None,
+        "agent_folders": {a: a for a in agents},
+        "generation": {"response_length": response_length, "temperature": 1.0},
+    }
     (root / "team.json").write_text(json.dumps(desc))
     return root
 
@@ -56,11 +77,19 @@ def _fake_team(root: Path, model_dir: str, agents: list[str], num_turns: int, re
 
 
 def test_import_and_the_task_listing_load_no_torch():
-    code = ("import sys, trl_collm, trl_collm.cli; trl_collm.cli.list_tasks_text(); "
-            "print(sorted(m for m in ('torch', 'transformers', 'trl', 'peft', 'datasets') if m in sys.modules))")
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=120,
-                         cwd=ROOT,
-                         env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    code = (
+        "import sys, trl_collm, trl_collm.cli; trl_collm.cli.list_tasks_text(); "
+        "print(sorted(m for m in ('torch', 'transformers', 'trl', 'peft', 'datasets') if m in sys.modules))"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     assert res.stdout.strip() == "[]"
 
@@ -92,18 +121,24 @@ def test_builtin_catalogue_matches_the_registered_tasks():
 # ---------------------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("extra, expected", [
-    (["--config", "no/such/config.yaml"], ["no/such/config.yaml"]),
-    (["--config", CC_CPU, "--learning_rate", "abc"], ["--learning_rate", "abc"]),
-    (["--config", CC_CPU, "--critic_type", "central"], ["critic_type"]),
-    (["--config", CC_CPU, "--task_options", "{bad"], ["--task_options", "JSON"]),
-    (["--config", CC_CPU, "--task_options", "[1, 2]"], ["--task_options", "object"]),
-    (["--config", CC_CPU, "--no_such_flag", "1"], ["no_such_flag"]),
-    (["--config", CC_CPU, "--agent_models", "tiny"], ["--agent_models", "1 model(s) for 2 agents"]),
-    (["--config", CC_CPU, "--train_limit", "4"], ["has 4 rows", "takes 16", "--per_device_train_batch_size"]),
-    (["--config", CC_CPU, "--task", "nomodule_xyz:TASK"], ["nomodule_xyz", "PYTHONPATH"]),
-    (["--task", "coord-penalty", "--model_name_or_path", "tiny", "--bf16", "true", "--report_to", "none"], ["bf16"]),
-])
+@pytest.mark.parametrize(
+    "extra, expected",
+    [
+        (["--config", "no/such/config.yaml"], ["no/such/config.yaml"]),
+        (["--config", CC_CPU, "--learning_rate", "abc"], ["--learning_rate", "abc"]),
+        (["--config", CC_CPU, "--critic_type", "central"], ["critic_type"]),
+        (["--config", CC_CPU, "--task_options", "{bad"], ["--task_options", "JSON"]),
+        (["--config", CC_CPU, "--task_options", "[1, 2]"], ["--task_options", "object"]),
+        (["--config", CC_CPU, "--no_such_flag", "1"], ["no_such_flag"]),
+        (["--config", CC_CPU, "--agent_models", "tiny"], ["--agent_models", "1 model(s) for 2 agents"]),
+        (["--config", CC_CPU, "--train_limit", "4"], ["has 4 rows", "takes 16", "--per_device_train_batch_size"]),
+        (["--config", CC_CPU, "--task", "nomodule_xyz:TASK"], ["nomodule_xyz", "PYTHONPATH"]),
+        (
+            ["--task", "coord-penalty", "--model_name_or_path", "tiny", "--bf16", "true", "--report_to", "none"],
+            ["bf16"],
+        ),
+    ],
+)
 def test_user_errors_print_one_line_and_exit_2(tmp_path, capsys, extra, expected):
     err = _one_line_error(capsys, ["ppo", "--output_dir", str(tmp_path / "out"), *extra])
     for text in expected:
@@ -116,18 +151,32 @@ def test_report_to_tensorboard_without_tensorboard_is_one_line(tmp_path, capsys,
     import importlib.util
 
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a, **k: None if name.startswith("tensorboard") else real(name, *a, **k))
-    err = _one_line_error(capsys, ["ppo", "--config", CC_CPU, "--report_to", "tensorboard",
-                                   "--output_dir", str(tmp_path / "out")])
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a, **k: None if name.startswith("tensorboard") else real(name, *a, **k),
+    )
+    err = _one_line_error(
+        capsys, ["ppo", "--config", CC_CPU, "--report_to", "tensorboard", "--output_dir", str(tmp_path / "out")]
+    )
     assert "pip install 'trl-collm[tensorboard]'" in err and "--report_to none" in err
     # the extra exists (tomllib is Python 3.11+, the package supports 3.10: read the line)
     assert re.search(r'^tensorboard = \["tensorboard>=', (ROOT / "pyproject.toml").read_text(), re.MULTILINE)
 
 
 def test_a_missing_model_is_one_line(tmp_path, capsys, model_cache):
-    err = _one_line_error(capsys, ["ppo", "--config", CC_CPU, "--output_dir", str(tmp_path / "out"),
-                                   "--model_name_or_path", str(tmp_path / "no-such-model")])
+    err = _one_line_error(
+        capsys,
+        [
+            "ppo",
+            "--config",
+            CC_CPU,
+            "--output_dir",
+            str(tmp_path / "out"),
+            "--model_name_or_path",
+            str(tmp_path / "no-such-model"),
+        ],
+    )
     assert "no-such-model" in err
 
 
@@ -186,8 +235,10 @@ class _FakeApi:
         return type("Repo", (), {"repo_id": f"me/{repo_id}"})()
 
     def upload_folder(self, repo_id, folder_path, **kw):
-        self.uploaded = (repo_id, sorted(os.path.relpath(os.path.join(r, f), folder_path)
-                                         for r, _, fs in os.walk(folder_path) for f in fs))
+        self.uploaded = (
+            repo_id,
+            sorted(os.path.relpath(os.path.join(r, f), folder_path) for r, _, fs in os.walk(folder_path) for f in fs),
+        )
         self.card = Path(folder_path, "README.md").read_text()
 
 
@@ -202,8 +253,18 @@ def test_push_happens_after_training(tmp_path, capsys, monkeypatch, model_cache,
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(hf_trainer, "hf_api", lambda: api)
     out = tmp_path / "pushed-team"
-    argv = ["ppo", "--config", CC_CPU, "--output_dir", str(out), "--push_to_hub", "true", "--hub_token", "hf_fake",
-            *SHORT]
+    argv = [
+        "ppo",
+        "--config",
+        CC_CPU,
+        "--output_dir",
+        str(out),
+        "--push_to_hub",
+        "true",
+        "--hub_token",
+        "hf_fake",
+        *SHORT,
+    ]
     if fail:
         err = _one_line_error(capsys, argv, after_training=True)
         assert f"saved in {out}" in err and "cannot reach huggingface.co" in err
@@ -230,8 +291,22 @@ def test_eval_refuses_teams_that_do_not_fit(tmp_path, capsys, qwen_path):
     assert "has 2 agents" in err and "has 3" in err
     # ... but the same team fits the 3-agent variant of coord-numbers
     capsys.readouterr()
-    assert main(["eval", "--team_dir", str(trio), "--task", "coord-numbers", "--task_options", '{"num_agents": 3}',
-                 "--limit", "2"]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                "--team_dir",
+                str(trio),
+                "--task",
+                "coord-numbers",
+                "--task_options",
+                '{"num_agents": 3}',
+                "--limit",
+                "2",
+            ]
+        )
+        == 0
+    )
 
     long = _fake_team(tmp_path / "long", qwen_path, ["player_1", "player_2"], num_turns=4)
     err = _one_line_error(capsys, ["eval", "--team_dir", str(long), "--task", "coord-penalty"])
@@ -251,8 +326,9 @@ def test_eval_refuses_teams_that_do_not_fit(tmp_path, capsys, qwen_path):
 
 def test_render_is_refused_for_a_task_without_pictures(tmp_path, capsys, qwen_path):
     coord = _fake_team(tmp_path / "coord", qwen_path, ["player_1", "player_2"], num_turns=1)
-    err = _one_line_error(capsys, ["play", "--team_dir", str(coord), "--task", "coord-penalty",
-                                   "--render", str(tmp_path / "png")])
+    err = _one_line_error(
+        capsys, ["play", "--team_dir", str(coord), "--task", "coord-penalty", "--render", str(tmp_path / "png")]
+    )
     assert "--render" in err and "building game" in err
 
 
@@ -261,8 +337,26 @@ def test_play_renders_the_building_game_per_turn(tmp_path, capsys, qwen_path):
     team = _fake_team(tmp_path / "builders", qwen_path, ["builder_a", "builder_b"], num_turns=4, response_length=6)
     out = tmp_path / "png"
     capsys.readouterr()
-    assert main(["play", "--team_dir", str(team), "--task", "building-str", "--dataset_source", "I", "--limit", "1",
-                 "--task_options", '{"max_listed": 4}', "--render", str(out)]) == 0
+    assert (
+        main(
+            [
+                "play",
+                "--team_dir",
+                str(team),
+                "--task",
+                "building-str",
+                "--dataset_source",
+                "I",
+                "--limit",
+                "1",
+                "--task_options",
+                '{"max_listed": 4}',
+                "--render",
+                str(out),
+            ]
+        )
+        == 0
+    )
     assert "rendered 5 PNG(s)" in capsys.readouterr().out
     for t in range(5):
         data = (out / f"episode_0_turn_{t}.png").read_bytes()
@@ -297,7 +391,7 @@ def test_one_letter_render_keeps_title_and_legend_inside(tmp_path):
 # your own task
 # ---------------------------------------------------------------------------------------------------------------
 
-MY_TASKS = '''
+MY_TASKS = """
 from datasets import Dataset
 
 from trl_collm import RewardFunctionEnv
@@ -327,15 +421,39 @@ def make_task():
 
 
 NOT_A_TASK = 3
-'''
+"""
 
 
 def test_your_own_task_by_import_path(tmp_path, capsys, monkeypatch, model_cache):
     (tmp_path / "my_tasks.py").write_text(MY_TASKS)
     out = tmp_path / "team"
-    assert main(["ppo", "--task", f"{tmp_path / 'my_tasks.py'}:make_task", "--model_name_or_path", "tiny", "--use_cpu",
-                 "true", "--bf16", "false", "--report_to", "none", "--response_length", "2", "--output_dir", str(out),
-                 "--save_strategy", "no", "--num_sample_generations", "0", *SHORT]) == 0
+    assert (
+        main(
+            [
+                "ppo",
+                "--task",
+                f"{tmp_path / 'my_tasks.py'}:make_task",
+                "--model_name_or_path",
+                "tiny",
+                "--use_cpu",
+                "true",
+                "--bf16",
+                "false",
+                "--report_to",
+                "none",
+                "--response_length",
+                "2",
+                "--output_dir",
+                str(out),
+                "--save_strategy",
+                "no",
+                "--num_sample_generations",
+                "0",
+                *SHORT,
+            ]
+        )
+        == 0
+    )
     desc = json.loads((out / "team.json").read_text())
     assert desc["agents"] == ["left", "right"]
     assert f"get_task({str(tmp_path / 'my_tasks.py') + ':make_task'!r})" in (out / "README.md").read_text()

@@ -9,11 +9,28 @@ from transformers import HfArgumentParser
 from trl_collm import PRESETS, MultiAgentPPOConfig, MultiAgentPPOTrainer
 
 TRL_PPO_DEFAULTS = dict(
-    learning_rate=3e-6, num_mini_batches=1, total_episodes=None, local_rollout_forward_batch_size=64,
-    num_sample_generations=10, response_length=53, stop_token=None, stop_token_id=None, temperature=0.7,
-    missing_eos_penalty=None, num_ppo_epochs=4, whiten_rewards=False, kl_coef=0.05, kl_estimator="k1", cliprange=0.2,
-    vf_coef=0.1, cliprange_value=0.2, gamma=1.0, lam=0.95, ds3_gather_for_generation=True,
-    model_adapter_name=None, ref_adapter_name=None,
+    learning_rate=3e-6,
+    num_mini_batches=1,
+    total_episodes=None,
+    local_rollout_forward_batch_size=64,
+    num_sample_generations=10,
+    response_length=53,
+    stop_token=None,
+    stop_token_id=None,
+    temperature=0.7,
+    missing_eos_penalty=None,
+    num_ppo_epochs=4,
+    whiten_rewards=False,
+    kl_coef=0.05,
+    kl_estimator="k1",
+    cliprange=0.2,
+    vf_coef=0.1,
+    cliprange_value=0.2,
+    gamma=1.0,
+    lam=0.95,
+    ds3_gather_for_generation=True,
+    model_adapter_name=None,
+    ref_adapter_name=None,
 )
 
 
@@ -33,9 +50,28 @@ def test_trl_ppo_field_defaults_and_no_world_size_shadow(tmp_path):
 def test_cli_parses_trl_ppo_flags(tmp_path):
     parser = HfArgumentParser(MultiAgentPPOConfig)
     (cfg,) = parser.parse_args_into_dataclasses(
-        ["--output_dir", str(tmp_path), "--use_cpu", "--bf16", "False", "--num_ppo_epochs", "2", "--missing_eos_penalty", "1.0",
-         "--stop_token", "eos", "--kl_estimator", "k3", "--agent_names", "alice", "bob", "--critic_type", "decentralized",
-         "--total_episodes", "40"]
+        [
+            "--output_dir",
+            str(tmp_path),
+            "--use_cpu",
+            "--bf16",
+            "False",
+            "--num_ppo_epochs",
+            "2",
+            "--missing_eos_penalty",
+            "1.0",
+            "--stop_token",
+            "eos",
+            "--kl_estimator",
+            "k3",
+            "--agent_names",
+            "alice",
+            "bob",
+            "--critic_type",
+            "decentralized",
+            "--total_episodes",
+            "40",
+        ]
     )
     assert cfg.num_ppo_epochs == 2 and cfg.missing_eos_penalty == 1.0 and cfg.stop_token == "eos"
     assert cfg.kl_estimator == "k3" and cfg.agent_names == ["alice", "bob"] and cfg.critic_type == "decentralized"
@@ -76,10 +112,10 @@ def test_config_errors_name_the_argument(tmp_path, kwargs, match):
 
 
 def test_push_to_hub_uploads_the_whole_team(tmp_path, monkeypatch):
+    import transformers.trainer as hf_trainer
     from datasets import Dataset
 
     from trl_collm.testing import tiny_model_dir
-    import transformers.trainer as hf_trainer
 
     calls = {}
 
@@ -89,25 +125,50 @@ def test_push_to_hub_uploads_the_whole_team(tmp_path, monkeypatch):
             return type("R", (), {"repo_id": f"me/{repo_id}"})()
 
         def upload_folder(self, repo_id, folder_path, **kw):
-            calls["upload"] = (repo_id, sorted(
-                os.path.relpath(os.path.join(root, f), folder_path) for root, _, files in os.walk(folder_path) for f in files
-            ))
+            calls["upload"] = (
+                repo_id,
+                sorted(
+                    os.path.relpath(os.path.join(root, f), folder_path)
+                    for root, _, files in os.walk(folder_path)
+                    for f in files
+                ),
+            )
             calls["card"] = open(os.path.join(folder_path, "README.md")).read()
 
     monkeypatch.setattr(hf_trainer, "hf_api", lambda: FakeApi())
     path = tiny_model_dir("tiny-qwen2")
     out = tmp_path / "team-out"
-    args = MultiAgentPPOConfig(output_dir=str(out), use_cpu=True, bf16=False, report_to=[], agent_names=["alice", "bob"],
-                               per_device_train_batch_size=2, response_length=4, total_episodes=2, save_strategy="no",
-                               num_sample_generations=0, disable_tqdm=True)
-    trainer = MultiAgentPPOTrainer(args=args, model=path, train_dataset=Dataset.from_dict({"prompt": ["a", "b"]}),
-                                   reward_funcs=lambda prompts, completions, **k: [1.0] * len(prompts))
+    args = MultiAgentPPOConfig(
+        output_dir=str(out),
+        use_cpu=True,
+        bf16=False,
+        report_to=[],
+        agent_names=["alice", "bob"],
+        per_device_train_batch_size=2,
+        response_length=4,
+        total_episodes=2,
+        save_strategy="no",
+        num_sample_generations=0,
+        disable_tqdm=True,
+    )
+    trainer = MultiAgentPPOTrainer(
+        args=args,
+        model=path,
+        train_dataset=Dataset.from_dict({"prompt": ["a", "b"]}),
+        reward_funcs=lambda prompts, completions, **k: [1.0] * len(prompts),
+    )
     trainer.train()
     trainer.push_to_hub(dataset_name="toy")
     repo, files = calls["upload"]
     assert repo == "me/team-out"
-    for needed in ["team.json", "README.md", "alice/model.safetensors", "bob/model.safetensors", "critic/model.safetensors",
-                   "alice/tokenizer.json"]:
+    for needed in [
+        "team.json",
+        "README.md",
+        "alice/model.safetensors",
+        "bob/model.safetensors",
+        "critic/model.safetensors",
+        "alice/tokenizer.json",
+    ]:
         assert needed in files, (needed, files)
     card = calls["card"]
     assert re.search(r"\| alice \| `[^`]*tiny-qwen2[^`]*` \(local\) \| `alice` \|", card) and "centralized" in card
@@ -148,12 +209,27 @@ def test_push_without_critic_and_load_team_round_trip(tmp_path, monkeypatch):
     monkeypatch.setattr(hf_trainer, "hf_api", lambda: FakeApi())
     task = get_task("coord-penalty")
     path = tiny_model_dir("tiny-qwen2")
-    args = MultiAgentPPOConfig(output_dir=str(tmp_path / "lora-team"), use_cpu=True, bf16=False, report_to=[],
-                               agent_names=task.agent_names, per_device_train_batch_size=2, response_length=2,
-                               total_episodes=2, save_strategy="no", num_sample_generations=0, disable_tqdm=True,
-                               learning_rate=1e-2)
-    trainer = MultiAgentPPOTrainer(args=args, model=path, train_dataset=task.load_dataset("train", limit=4), env=task.make_env(),
-                                   peft_config=LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    args = MultiAgentPPOConfig(
+        output_dir=str(tmp_path / "lora-team"),
+        use_cpu=True,
+        bf16=False,
+        report_to=[],
+        agent_names=task.agent_names,
+        per_device_train_batch_size=2,
+        response_length=2,
+        total_episodes=2,
+        save_strategy="no",
+        num_sample_generations=0,
+        disable_tqdm=True,
+        learning_rate=1e-2,
+    )
+    trainer = MultiAgentPPOTrainer(
+        args=args,
+        model=path,
+        train_dataset=task.load_dataset("train", limit=4),
+        env=task.make_env(),
+        peft_config=LoraConfig(r=4, target_modules=["q_proj", "v_proj"]),
+    )
     trainer.train()
     trainer.push_to_hub(include_critic=False, dataset_name="coord-penalty")
     files = {str(p.relative_to(uploaded)) for p in uploaded.rglob("*") if p.is_file()}

@@ -52,8 +52,9 @@ def registered():
     CRITIC_TYPES.pop(OwnPlusMessagesCritic.name)
 
 
-def test_a_registered_critic_type_builds_its_views_and_trains(tmp_path, make_config, prompts_dataset, qwen_path,
-                                                               registered):
+def test_a_registered_critic_type_builds_its_views_and_trains(
+    tmp_path, make_config, prompts_dataset, qwen_path, registered
+):
     args = make_config(tmp_path, agent_names=NAMES, critic_type="own_plus_messages", num_turns=2, total_episodes=4)
     tr = MultiAgentPPOTrainer(args=args, model=qwen_path, train_dataset=prompts_dataset, env=MarkerEnv())
     assert type(tr.critic) is OwnPlusMessagesCritic and sorted(tr.critic.units) == NAMES

@@ -59,16 +59,37 @@ def _run(cmd: list[str], cache: Path, out: Path) -> dict:
 
 def _launch(stage: int, layout: str, critic: str, tmp: Path, cache: Path, extra=()) -> dict:
     out = tmp / f"zero{stage}"
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2", "--num_machines", "1",
-           "--mixed_precision", "no", "--main_process_port", _free_port(),
-           "--config_file", str(CONFIGS / f"zero{stage}.yaml"),
-           str(SCRIPT), "--out", str(out), "--layout", layout, "--critic", critic, *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--main_process_port",
+        _free_port(),
+        "--config_file",
+        str(CONFIGS / f"zero{stage}.yaml"),
+        str(SCRIPT),
+        "--out",
+        str(out),
+        "--layout",
+        layout,
+        "--critic",
+        critic,
+        *extra,
+    ]
     return _run(cmd, cache, out)
 
 
 def _single(layout: str, critic: str, tmp: Path, cache: Path, extra=()) -> dict:
     out = tmp / "single"
-    return _run([sys.executable, str(SCRIPT), "--out", str(out), "--layout", layout, "--critic", critic, *extra], cache, out)
+    return _run(
+        [sys.executable, str(SCRIPT), "--out", str(out), "--layout", layout, "--critic", critic, *extra], cache, out
+    )
 
 
 def _close(a: float, b: float, rtol: float, atol: float = 0.0) -> bool:
@@ -95,7 +116,7 @@ def _reloaded_fingerprints(team_dir: Path, layout: str, base_path: str) -> dict:
             out[a] = [float(sum(p.double().sum() for p in params)), float(sum(p.double().abs().sum() for p in params))]
     critic = team.get("critic")
     if critic:
-        for key, unit in critic["units"].items():
+        for unit in critic["units"].values():
             folder = team_dir / unit["folder"]
             if unit["placement"] == "separate":
                 from transformers import AutoModelForSequenceClassification
@@ -138,17 +159,27 @@ def test_deepspeed_matches_single_process(stage, layout, critic, extra, tmp_path
     for it, (h_ds, h_ref) in enumerate(zip(ds["history"], ref["history"])):
         for key in METRICS:
             assert key in h_ds and key in h_ref, key
-            assert _close(h_ds[key], h_ref[key], RTOL, ATOL), f"iteration {it + 1} {key}: zero{stage} {h_ds[key]} vs 1 process {h_ref[key]}"
+            assert _close(h_ds[key], h_ref[key], RTOL, ATOL), (
+                f"iteration {it + 1} {key}: zero{stage} {h_ds[key]} vs 1 process {h_ref[key]}"
+            )
     # Training moved the weights, identically in both runs.
     for a, (s, abs_s) in ds["fingerprints"].items():
         r, abs_r = ref["fingerprints"][a]
-        assert _close(s, r, WEIGHT_RTOL, 1e-6) and _close(abs_s, abs_r, WEIGHT_RTOL), (a, ds["fingerprints"], ref["fingerprints"])
+        assert _close(s, r, WEIGHT_RTOL, 1e-6) and _close(abs_s, abs_r, WEIGHT_RTOL), (
+            a,
+            ds["fingerprints"],
+            ref["fingerprints"],
+        )
     assert any(abs(h["loss/policy_avg"]) > 0 for h in ds["history"])
 
     # The saved team reloads and holds exactly the weights the DeepSpeed run had (gathered from both ranks at ZeRO-3).
     reloaded = _reloaded_fingerprints(Path(ds["team_dir"]), layout, base_path)
     for a, (s, abs_s) in ds["fingerprints"].items():
-        assert _close(reloaded[a][0], s, 1e-9, 1e-9) and _close(reloaded[a][1], abs_s, 1e-9), (a, reloaded[a], (s, abs_s))
+        assert _close(reloaded[a][0], s, 1e-9, 1e-9) and _close(reloaded[a][1], abs_s, 1e-9), (
+            a,
+            reloaded[a],
+            (s, abs_s),
+        )
 
 
 @pytest.mark.timeout(2 * TIMEOUT)
@@ -158,8 +189,18 @@ def test_two_cpu_processes_without_deepspeed_match_single_process(tmp_path, mode
 
     tiny_model_dir("tiny-qwen2")
     out = tmp_path / "ddp"
-    env_cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-               "--master_port", _free_port(), str(SCRIPT), "--out", str(out)]
+    env_cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        _free_port(),
+        str(SCRIPT),
+        "--out",
+        str(out),
+    ]
     env = dict(_env(model_cache), ACCELERATE_USE_CPU="true")  # accelerate's multi-CPU (gloo) state, this run only
     proc = subprocess.run(env_cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT)
     assert proc.returncode == 0, proc.stderr[-6000:]
@@ -170,7 +211,9 @@ def test_two_cpu_processes_without_deepspeed_match_single_process(tmp_path, mode
         for key in METRICS:
             assert _close(h_ddp[key], h_ref[key], RTOL, ATOL), (key, h_ddp[key], h_ref[key])
     for a, (s, abs_s) in ddp["fingerprints"].items():
-        assert _close(s, ref["fingerprints"][a][0], WEIGHT_RTOL, 1e-6) and _close(abs_s, ref["fingerprints"][a][1], WEIGHT_RTOL)
+        assert _close(s, ref["fingerprints"][a][0], WEIGHT_RTOL, 1e-6) and _close(
+            abs_s, ref["fingerprints"][a][1], WEIGHT_RTOL
+        )
 
 
 def test_deepspeed_argument_errors(monkeypatch):
@@ -199,10 +242,29 @@ def test_mc_trainer_zero3_shared_base_runs_and_saves(tmp_path, model_cache):
 
     base_path = tiny_model_dir("tiny-qwen2")
     out = tmp_path / "zero3"
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2", "--num_machines", "1",
-           "--mixed_precision", "no", "--main_process_port", _free_port(),
-           "--config_file", str(CONFIGS / "zero3.yaml"),
-           str(SCRIPT), "--out", str(out), "--trainer", "mc", "--sample", "--layout", "shared_base"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--main_process_port",
+        _free_port(),
+        "--config_file",
+        str(CONFIGS / "zero3.yaml"),
+        str(SCRIPT),
+        "--out",
+        str(out),
+        "--trainer",
+        "mc",
+        "--sample",
+        "--layout",
+        "shared_base",
+    ]
     ds = _run(cmd, model_cache, out)
     assert ds["world_size"] == 2 and ds["zero_stage"] == 3 and len(ds["history"]) == 3
     assert all(math.isfinite(h["loss/policy_avg"]) for h in ds["history"])

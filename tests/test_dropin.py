@@ -81,29 +81,51 @@ def assets(tmp_path_factory):
 def _run_script(assets, output_dir: Path, extra: list[str]) -> subprocess.CompletedProcess:
     # TRL PPO's flags, unchanged (the last PPOTrainer's docs and tests used the same set).
     cmd = [
-        sys.executable, str(SCRIPT),
-        "--dataset_name", assets["data"],
-        "--dataset_test_split", "test",
-        "--output_dir", str(output_dir),
-        "--learning_rate", "3e-6",
-        "--per_device_train_batch_size", "2",
-        "--gradient_accumulation_steps", "1",
-        "--total_episodes", "8",
-        "--num_ppo_epochs", "1",
-        "--num_mini_batches", "1",
-        "--local_rollout_forward_batch_size", "4",
-        "--response_length", "8",
-        "--missing_eos_penalty", "1.0",
-        "--stop_token", "eos",
-        "--sft_model_path", assets["sft"],
-        "--reward_model_path", assets["reward"],
-        "--model_name_or_path", assets["sft"],
+        sys.executable,
+        str(SCRIPT),
+        "--dataset_name",
+        assets["data"],
+        "--dataset_test_split",
+        "test",
+        "--output_dir",
+        str(output_dir),
+        "--learning_rate",
+        "3e-6",
+        "--per_device_train_batch_size",
+        "2",
+        "--gradient_accumulation_steps",
+        "1",
+        "--total_episodes",
+        "8",
+        "--num_ppo_epochs",
+        "1",
+        "--num_mini_batches",
+        "1",
+        "--local_rollout_forward_batch_size",
+        "4",
+        "--response_length",
+        "8",
+        "--missing_eos_penalty",
+        "1.0",
+        "--stop_token",
+        "eos",
+        "--sft_model_path",
+        assets["sft"],
+        "--reward_model_path",
+        assets["reward"],
+        "--model_name_or_path",
+        assets["sft"],
         "--use_cpu",
-        "--bf16", "False",
-        "--report_to", "none",
-        "--num_sample_generations", "0",
-        "--save_strategy", "no",
-        "--logging_steps", "1",
+        "--bf16",
+        "False",
+        "--report_to",
+        "none",
+        "--num_sample_generations",
+        "0",
+        "--save_strategy",
+        "no",
+        "--logging_steps",
+        "1",
         *extra,
     ]
     env = dict(os.environ)
@@ -115,7 +137,9 @@ def _run_script(assets, output_dir: Path, extra: list[str]) -> subprocess.Comple
         OMP_NUM_THREADS="1",  # tiny models: one thread is fastest and avoids contention with parallel tests
         HF_DATASETS_CACHE=str(assets["root"] / "datasets-cache"),
     )
-    return subprocess.run(cmd, cwd=str(REPO), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+    return subprocess.run(
+        cmd, cwd=str(REPO), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300
+    )
 
 
 def _check_log(log: str):
@@ -149,8 +173,14 @@ def test_trl_ppo_script_full_finetune(assets, tmp_path):
     assert trained.keys() == initial.keys()
     assert _changed(trained, initial, initial.keys()) > 0, "PPO left every policy weight unchanged"
     # The file on disk is what changed, not just a reload artifact.
-    assert _changed(load_file(out / "model.safetensors"), load_file(Path(assets["sft"]) / "model.safetensors"),
-                    load_file(out / "model.safetensors").keys()) > 0
+    assert (
+        _changed(
+            load_file(out / "model.safetensors"),
+            load_file(Path(assets["sft"]) / "model.safetensors"),
+            load_file(out / "model.safetensors").keys(),
+        )
+        > 0
+    )
 
 
 def test_trl_ppo_script_lora(assets, tmp_path):
@@ -183,8 +213,11 @@ def test_trl_ppo_script_lora(assets, tmp_path):
     assert changed and all(("q_proj" in k or "v_proj" in k) for k in changed), changed
 
 
-@pytest.mark.parametrize("family,flags", [("qwen", []), ("neox", []), ("llama", []), ("llama", LORA_FLAGS)],
-                         ids=["qwen-pad-is-eos", "neox-no-pad", "llama-no-pad-no-spare-row", "llama-lora"])
+@pytest.mark.parametrize(
+    "family,flags",
+    [("qwen", []), ("neox", []), ("llama", []), ("llama", LORA_FLAGS)],
+    ids=["qwen-pad-is-eos", "neox-no-pad", "llama-no-pad-no-spare-row", "llama-lora"],
+)
 def test_trl_ppo_script_with_real_tokenizer_shapes(tmp_path, family, flags):
     """TRL's script always adds a "[PAD]" token and passes that tokenizer as processing_class, without resizing any
     model: the policy, value and reward models must all be read through it. With the Llama shape the new pad id has

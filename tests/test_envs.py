@@ -182,14 +182,18 @@ def test_token_id_observations_are_accepted():
 def test_step_observations_none_while_not_done():
     env = ScriptedStepEnv(StepResult(reward=1.0, observations=None, done=False))
     env.reset_batch([{}, {}], 2)
-    with pytest.raises(ValueError, match=r"ScriptedStepEnv\.step returned observations=None for episode 1 while done=False"):
+    with pytest.raises(
+        ValueError, match=r"ScriptedStepEnv\.step returned observations=None for episode 1 while done=False"
+    ):
         env.step_batch([["p", "q"]], [1], 2)
 
 
 def test_step_wrong_number_of_next_observations():
     env = ScriptedStepEnv(StepResult(reward=1.0, observations=["only one"], done=False))
     env.reset_batch([{}], 2)
-    with pytest.raises(ValueError, match=r"ScriptedStepEnv\.step returned 1 observations for episode 0; the team has 2 agents"):
+    with pytest.raises(
+        ValueError, match=r"ScriptedStepEnv\.step returned 1 observations for episode 0; the team has 2 agents"
+    ):
         env.step_batch([["p", "q"]], [0], 2)
 
 
@@ -222,12 +226,16 @@ def test_step_reward_errors_name_env_and_episode():
 
     env = ScriptedStepEnv(StepResult(reward=[1.0, 2.0], done=True), reward_type="joint")
     env.reset_batch([{}], 2)
-    with pytest.raises(ValueError, match=r"ScriptedStepEnv\.step returned a list of rewards for episode 0 but reward_type='joint'"):
+    with pytest.raises(
+        ValueError, match=r"ScriptedStepEnv\.step returned a list of rewards for episode 0 but reward_type='joint'"
+    ):
         env.step_batch([["p", "q"]], [0], 2)
 
     env = ScriptedStepEnv((1.0, None, True))
     env.reset_batch([{}], 2)
-    with pytest.raises(ValueError, match=r"ScriptedStepEnv\.step returned .*tuple.* for episode 0; return a StepResult"):
+    with pytest.raises(
+        ValueError, match=r"ScriptedStepEnv\.step returned .*tuple.* for episode 0; return a StepResult"
+    ):
         env.step_batch([["p", "q"]], [0], 2)
 
 
@@ -254,7 +262,9 @@ def test_as_float_rewards_errors():
     src = "reward function 'my_reward'"
     with pytest.raises(ValueError, match=r"reward function 'my_reward' returned a non-finite reward inf for episode 1"):
         as_float_rewards([0.0, float("inf")], 2, src, "auto")
-    with pytest.raises(ValueError, match=r"'my_reward' returned a non-finite reward nan for episode 0, agent 1 \(bob\)"):
+    with pytest.raises(
+        ValueError, match=r"'my_reward' returned a non-finite reward nan for episode 0, agent 1 \(bob\)"
+    ):
         as_float_rewards([[0.0, math.nan]], 2, src, "auto", agent_names=NAMES)
     with pytest.raises(
         ValueError,
@@ -270,7 +280,9 @@ def test_as_float_rewards_errors():
         as_float_rewards([["x", 1.0]], 2, src, "per_agent")
     with pytest.raises(ValueError, match=r"'my_reward' returned None for episode 2"):
         as_float_rewards([1.0, 2.0, None], 2, src, "auto")
-    with pytest.raises(ValueError, match=r"'my_reward' returned a list of rewards for episode 0 but reward_type='joint'"):
+    with pytest.raises(
+        ValueError, match=r"'my_reward' returned a list of rewards for episode 0 but reward_type='joint'"
+    ):
         as_float_rewards([[1.0, 2.0]], 2, src, "joint")
     with pytest.raises(ValueError, match=r"reward_type must be one of"):
         as_float_rewards([1.0], 2, src, "team")
@@ -384,7 +396,9 @@ def test_reward_function_env_reward_errors_name_the_function():
 
     env = RewardFunctionEnv(three, agent_names=NAMES)
     env.reset_batch(ROWS[:1], 2)
-    with pytest.raises(ValueError, match=r"'three' returned 3 rewards for episode 0 but the team has 2 agents \(alice, bob\)"):
+    with pytest.raises(
+        ValueError, match=r"'three' returned 3 rewards for episode 0 but the team has 2 agents \(alice, bob\)"
+    ):
         env.step_batch([["a", "b"]], [0], 2)
 
     env = RewardFunctionEnv(three, reward_type="joint")
@@ -406,7 +420,9 @@ def test_formatter_forms():
         env.reset_batch([row], 3)
 
     # dict: keyed by agent name; declares the agent names when none are given
-    env = RewardFunctionEnv(Recorder(), formatters={"bob": lambda r: "bob sees " + r["topic"], "alice": lambda r: "alice"})
+    env = RewardFunctionEnv(
+        Recorder(), formatters={"bob": lambda r: "bob sees " + r["topic"], "alice": lambda r: "alice"}
+    )
     assert env.agent_names == ["bob", "alice"]
     assert env.reset_batch([row], 2, agent_names=["alice", "bob"]) == [["alice", "bob sees math"]]
     with pytest.raises(ValueError, match=r"no entry for agents \['carol'\]"):
@@ -420,7 +436,9 @@ def test_formatter_forms():
 
     # a formatter returning something that is not an observation
     env = RewardFunctionEnv(Recorder(), formatters=[lambda r: "ok", lambda r: 7])
-    with pytest.raises(ValueError, match=r"RewardFunctionEnv\.reset returned an invalid observation for episode 0, agent 1"):
+    with pytest.raises(
+        ValueError, match=r"RewardFunctionEnv\.reset returned an invalid observation for episode 0, agent 1"
+    ):
         env.reset_batch([row], 2)
 
 
@@ -438,7 +456,9 @@ def test_input_ids_rows_give_token_id_observations_and_prompts():
 
 def test_rows_without_prompt_or_input_ids():
     env = RewardFunctionEnv(Recorder())
-    with pytest.raises(ValueError, match=r"no 'prompt' or 'input_ids' column \(its keys are \['answer', 'question'\]\)"):
+    with pytest.raises(
+        ValueError, match=r"no 'prompt' or 'input_ids' column \(its keys are \['answer', 'question'\]\)"
+    ):
         env.reset_batch([{"question": "q", "answer": "a"}], 2)
 
 

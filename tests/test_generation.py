@@ -38,9 +38,18 @@ def _trainer(tmp_path, qwen_path, cb: bool, lora: bool = False, trainer: str = "
         MultiAgentPPOTrainer,
     )
 
-    settings = dict(RUN_SETTINGS, output_dir=str(tmp_path / "out"), num_agents=2, response_length=6,
-                    per_device_train_batch_size=4, total_episodes=4, learning_rate=1e-3, seed=0,
-                    use_transformers_continuous_batching=cb, transformers_continuous_batching_config=CB_CONFIG)
+    settings = dict(
+        RUN_SETTINGS,
+        output_dir=str(tmp_path / "out"),
+        num_agents=2,
+        response_length=6,
+        per_device_train_batch_size=4,
+        total_episodes=4,
+        learning_rate=1e-3,
+        seed=0,
+        use_transformers_continuous_batching=cb,
+        transformers_continuous_batching_config=CB_CONFIG,
+    )
     settings.update(overrides)
     if trainer == "mc":
         args, cls = MultiAgentMCConfig(num_generations=2, **settings), MultiAgentMCTrainer
@@ -48,8 +57,10 @@ def _trainer(tmp_path, qwen_path, cb: bool, lora: bool = False, trainer: str = "
         args, cls = MultiAgentPPOConfig(**settings), MultiAgentPPOTrainer
     peft = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]) if lora else None
     rows = Dataset.from_dict({"prompt": PROMPTS[:4]})
+
     def reward(prompts, completions, **kw):
         return [float(len(c[0]) % 3) for c in completions]
+
     return cls(args=args, model=qwen_path, peft_config=peft, train_dataset=rows, reward_funcs=reward)
 
 
@@ -125,8 +136,14 @@ def test_sampled_first_tokens_follow_the_sampling_distribution(tiny_lm):
     n, temperature, top_k = 2000, 0.5, 6
     ids = prompt.expand(n, -1).contiguous()
     mask = torch.ones_like(ids)
-    kwargs = {"max_new_tokens": 1, "do_sample": True, "temperature": temperature, "top_k": top_k, "top_p": 1.0,
-              "pad_token_id": tok.pad_token_id}
+    kwargs = {
+        "max_new_tokens": 1,
+        "do_sample": True,
+        "temperature": temperature,
+        "top_k": top_k,
+        "top_p": 1.0,
+        "pad_token_id": tok.pad_token_id,
+    }
     probs = _first_token_probs(model, prompt, temperature, top_k)
     wrong = _first_token_probs(model, prompt, 1.0, top_k)
     assert float((probs - wrong).abs().sum()) > 0.2  # the two distributions are far enough apart to tell
@@ -182,8 +199,9 @@ def test_continuous_batching_refuses_settings_it_would_drop(tiny_lm):
     model, tok = tiny_lm
     ids = tok("red wool", return_tensors="pt")["input_ids"]
     with pytest.raises(ValueError, match="repetition_penalty"):
-        ContinuousBatchingBackend(CB_CONFIG).generate(model, ids, torch.ones_like(ids),
-                                                      {"max_new_tokens": 2, "pad_token_id": 0, "repetition_penalty": 1.3})
+        ContinuousBatchingBackend(CB_CONFIG).generate(
+            model, ids, torch.ones_like(ids), {"max_new_tokens": 2, "pad_token_id": 0, "repetition_penalty": 1.3}
+        )
     with pytest.raises(ValueError, match="transformers_continuous_batching_config has unknown keys"):
         ContinuousBatchingBackend({"pages": 3})
 
@@ -207,7 +225,9 @@ print({{"built": built, "trained": "deepspeed" in sys.modules}})
         pytest.skip("deepspeed is not installed: nothing to keep unimported")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1].replace("'", '"').replace("False", "false").replace("True", "true"))
+    result = json.loads(
+        proc.stdout.strip().splitlines()[-1].replace("'", '"').replace("False", "false").replace("True", "true")
+    )
     assert result == {"built": False, "trained": False}
 
 
@@ -217,6 +237,14 @@ def test_eval_and_play_flags_select_the_backend():
     parser = _eval_parser("trl-collm play", play=True)
     base = ["--team_dir", "t", "--task", "coord-penalty"]
     assert isinstance(make_backend(parser.parse_args(base)), GenerateBackend)
-    backend = make_backend(parser.parse_args([*base, "--use_transformers_continuous_batching",
-                                              "--transformers_continuous_batching_config", '{"page_size": 16}']))
+    backend = make_backend(
+        parser.parse_args(
+            [
+                *base,
+                "--use_transformers_continuous_batching",
+                "--transformers_continuous_batching_config",
+                '{"page_size": 16}',
+            ]
+        )
+    )
     assert isinstance(backend, ContinuousBatchingBackend) and backend.config == {"page_size": 16}

@@ -35,7 +35,14 @@ class ScriptedTeam:
         for a in self.names:
             assert len(texts[a]) == len(prompts[a]), (a, texts[a], prompts[a])
             z = torch.zeros(len(texts[a]), 1, dtype=torch.long)
-            out[a] = Generation(z, torch.ones_like(z), z, torch.ones_like(z, dtype=torch.bool), list(texts[a]), torch.ones(len(z), dtype=torch.bool))
+            out[a] = Generation(
+                z,
+                torch.ones_like(z),
+                z,
+                torch.ones_like(z, dtype=torch.bool),
+                list(texts[a]),
+                torch.ones(len(z), dtype=torch.bool),
+            )
         return out
 
 
@@ -59,7 +66,10 @@ def _tree(script, **kw):
 def test_tree_returns_and_group_advantages_by_hand(tmp_path):
     script = [
         {"a": ["1", "0"], "b": ["0", "0"]},  # turn 0: node rewards [1, 0]
-        {"a": ["2", "0", "1", "1"], "b": ["0", "0", "0", "1"]},  # turn 1: children of node 0 -> [2, 0], of node 1 -> [1, 2]
+        {
+            "a": ["2", "0", "1", "1"],
+            "b": ["0", "0", "0", "1"],
+        },  # turn 1: children of node 0 -> [2, 0], of node 1 -> [1, 2]
     ]
     tree, team = _tree(script)
     assert [len(r) for r in tree.rewards] == [2, 4]
@@ -131,20 +141,40 @@ def test_magrpo_preset_matches_analytic_reinforce_gradient(tmp_path):
     thetas = [[0.1, -0.2, 0.3, 0.0, 0.5, -0.1, 0.2], [0.0, 0.4, -0.3, 0.2, 0.1, 0.0, -0.5]]
     policies = [ConstantPolicy(t) for t in thetas]
     params = [p for m in policies for p in m.parameters()]
-    args = MultiAgentMCConfig(output_dir=str(tmp_path), preset="magrpo", use_cpu=True, bf16=False, report_to=[],
-                              save_strategy="no", disable_tqdm=True, agent_names=["alice", "bob"], per_device_train_batch_size=1)
-    trainer = MultiAgentMCTrainer(args=args, processing_class=build_tokenizer(), model=policies,
-                                  train_dataset=Dataset.from_dict({"prompt": ["p"]}),
-                                  reward_funcs=lambda prompts, completions, **kw: [0.0] * len(prompts),
-                                  optimizers=(torch.optim.SGD(params, lr=eta), None))
+    args = MultiAgentMCConfig(
+        output_dir=str(tmp_path),
+        preset="magrpo",
+        use_cpu=True,
+        bf16=False,
+        report_to=[],
+        save_strategy="no",
+        disable_tqdm=True,
+        agent_names=["alice", "bob"],
+        per_device_train_batch_size=1,
+    )
+    trainer = MultiAgentMCTrainer(
+        args=args,
+        processing_class=build_tokenizer(),
+        model=policies,
+        train_dataset=Dataset.from_dict({"prompt": ["p"]}),
+        reward_funcs=lambda prompts, completions, **kw: [0.0] * len(prompts),
+        optimizers=(torch.optim.SGD(params, lr=eta), None),
+    )
     trainer._batch_sizes()
     trainer.create_optimizer_and_scheduler(num_training_steps=10)
     rewards = torch.tensor([1.0, 0.0, 2.0, 0.5])  # joint, G = 4 samples of one prompt
     responses = {"alice": [[2, 3], [4], [2, 2, 6], [5, 3]], "bob": [[1], [3, 4], [6, 6], [2]]}
     ids = torch.arange(4)
     turn = {a: AgentTurn(a, 0, ids, ["p"] * 4, ["p"] * 4, generation(responses[a])) for a in responses}
-    tree = SampleTree(["alice", "bob"], [{}], [turn], [rewards.view(4, 1).expand(4, 2).clone()], [torch.full((4,), -1)],
-                      [torch.zeros(4, dtype=torch.long)], [torch.zeros(4, dtype=torch.long)])
+    tree = SampleTree(
+        ["alice", "bob"],
+        [{}],
+        [turn],
+        [rewards.view(4, 1).expand(4, 2).clone()],
+        [torch.full((4,), -1)],
+        [torch.zeros(4, dtype=torch.long)],
+        [torch.zeros(4, dtype=torch.long)],
+    )
     adv = rewards - rewards.mean()  # no std scaling in MAGRPO
     expected = [reinforce_step(theta, responses[a], adv, eta) for a, theta in zip(["alice", "bob"], thetas)]
     trainer.model.train()
@@ -162,9 +192,23 @@ def _reward(prompts, completions, **kw):
 @pytest.mark.parametrize("num_agents, shared", [(2, False), (3, False), (2, True), (3, True)])
 def test_mc_end_to_end_every_agent_changes_and_reloads(tmp_path, qwen_path, prompts_dataset, num_agents, shared):
     names = [f"ag{i}" for i in range(num_agents)]
-    args = MultiAgentMCConfig(output_dir=str(tmp_path / "out"), agent_names=names, num_generations=3, per_device_train_batch_size=2,
-                              total_episodes=4, response_length=6, learning_rate=1e-2, use_cpu=True, bf16=False, report_to=[],
-                              save_strategy="no", disable_tqdm=True, num_sample_generations=0, baseline="loo", scale_advantages=True)
+    args = MultiAgentMCConfig(
+        output_dir=str(tmp_path / "out"),
+        agent_names=names,
+        num_generations=3,
+        per_device_train_batch_size=2,
+        total_episodes=4,
+        response_length=6,
+        learning_rate=1e-2,
+        use_cpu=True,
+        bf16=False,
+        report_to=[],
+        save_strategy="no",
+        disable_tqdm=True,
+        num_sample_generations=0,
+        baseline="loo",
+        scale_advantages=True,
+    )
     kw = dict(peft_config=LoraConfig(r=4, target_modules=["q_proj", "v_proj"])) if shared else {}
     trainer = MultiAgentMCTrainer(args=args, model=qwen_path, train_dataset=prompts_dataset, reward_funcs=_reward, **kw)
     assert trainer.critic is None
@@ -200,10 +244,25 @@ def test_mc_multiturn_tree_and_clipped_loss_with_kl(tmp_path, qwen_path, prompts
             self.t += 1
             return StepResult(reward=float(len(completions[0]) % 2), observations=["again", "again"], done=self.t >= 2)
 
-    args = MultiAgentMCConfig(output_dir=str(tmp_path / "o"), num_agents=2, num_turns=2, num_generations=2, loss_type="clipped",
-                              num_iterations=2, beta=0.1, per_device_train_batch_size=2, total_episodes=2, response_length=5,
-                              learning_rate=1e-3, use_cpu=True, bf16=False, report_to=[], save_strategy="no", disable_tqdm=True,
-                              num_sample_generations=0)
+    args = MultiAgentMCConfig(
+        output_dir=str(tmp_path / "o"),
+        num_agents=2,
+        num_turns=2,
+        num_generations=2,
+        loss_type="clipped",
+        num_iterations=2,
+        beta=0.1,
+        per_device_train_batch_size=2,
+        total_episodes=2,
+        response_length=5,
+        learning_rate=1e-3,
+        use_cpu=True,
+        bf16=False,
+        report_to=[],
+        save_strategy="no",
+        disable_tqdm=True,
+        num_sample_generations=0,
+    )
     trainer = MultiAgentMCTrainer(args=args, model=qwen_path, train_dataset=prompts_dataset, env=Env())
     out = trainer.train()
     assert out.metrics["mc/nodes"] == 2 * (2 + 4)  # 2 prompts x (G + G^2) nodes
@@ -226,9 +285,21 @@ def test_mc_config_errors(tmp_path):
 
 def test_mc_micro_batch_holds_every_sample_of_its_prompts(tmp_path, qwen_path, prompts_dataset):
     """per_device_train_batch_size counts prompts: one forward/backward part per agent holds their 2 x G samples."""
-    args = MultiAgentMCConfig(output_dir=str(tmp_path / "out"), num_agents=2, num_generations=3, per_device_train_batch_size=2,
-                              total_episodes=4, response_length=4, learning_rate=1e-2, use_cpu=True, bf16=False, report_to=[],
-                              save_strategy="no", disable_tqdm=True, num_sample_generations=0)
+    args = MultiAgentMCConfig(
+        output_dir=str(tmp_path / "out"),
+        num_agents=2,
+        num_generations=3,
+        per_device_train_batch_size=2,
+        total_episodes=4,
+        response_length=4,
+        learning_rate=1e-2,
+        use_cpu=True,
+        bf16=False,
+        report_to=[],
+        save_strategy="no",
+        disable_tqdm=True,
+        num_sample_generations=0,
+    )
     trainer = MultiAgentMCTrainer(args=args, model=qwen_path, train_dataset=prompts_dataset, reward_funcs=_reward)
     assert trainer.micro_batch_rows() == 6
     rows = []

@@ -27,8 +27,9 @@ def test_cost_model_takes_a_cut_only_when_the_saved_tokens_pay_for_the_extra_cal
     # tiny_lm: hidden 32, 4 heads x 8, 2 kv heads x 8, MLP 64 -> 2*32*32 + 2*32*16 + 3*32*64 = 9216 weights
     assert prefix.layer_parameters(tiny_lm) == 9216
     assert tiny == 598  # ceil(650 / (1 + 9216 / 105000)) = ceil(597.5)
-    wide = SimpleNamespace(config=SimpleNamespace(hidden_size=1024, num_attention_heads=16, num_key_value_heads=16,
-                                                  intermediate_size=4096))
+    wide = SimpleNamespace(
+        config=SimpleNamespace(hidden_size=1024, num_attention_heads=16, num_key_value_heads=16, intermediate_size=4096)
+    )
     assert prefix.layer_parameters(wide) == 2 * 1024**2 + 2 * 1024**2 + 3 * 1024 * 4096
     assert prefix.min_saved_tokens(wide) == 5  # a big layer: nearly any saving pays
     # MC-like batch: 2 prompts of 20 tokens, 4 samples each, 6 response tokens: the G copies save 3 x 2 x 20 tokens.
@@ -166,7 +167,10 @@ def test_causal_lm_logits_and_gradients_match_the_plain_forward(tiny_lm, monkeyp
         tiny_lm.zero_grad()
         logits, loss = _logprob_loss(tiny_lm, ids, mask, resp, rmask, enabled)
         loss.backward()
-        results[enabled] = (logits.detach(), {n: p.grad.clone() for n, p in tiny_lm.named_parameters() if p.grad is not None})
+        results[enabled] = (
+            logits.detach(),
+            {n: p.grad.clone() for n, p in tiny_lm.named_parameters() if p.grad is not None},
+        )
     plain, shared = results[False], results[True]
     assert shared[0].shape == plain[0].shape == (ids.shape[0], 7, tiny_lm.config.vocab_size)
     torch.testing.assert_close(shared[0], plain[0], rtol=1e-5, atol=1e-5)
@@ -177,7 +181,9 @@ def test_causal_lm_logits_and_gradients_match_the_plain_forward(tiny_lm, monkeyp
 
     # And the shared path really ran: one call for the head(s), one for the rest.
     calls = []
-    monkeypatch.setattr(tiny_lm, "forward", lambda *a, _f=tiny_lm.forward, **k: calls.append(k["input_ids"].shape) or _f(*a, **k))
+    monkeypatch.setattr(
+        tiny_lm, "forward", lambda *a, _f=tiny_lm.forward, **k: calls.append(k["input_ids"].shape) or _f(*a, **k)
+    )
     _logprob_loss(tiny_lm, ids, mask, resp, rmask, True)
     if batch is _batch:  # the prefix once (batch 1), then each row's rest (the longest row has no left padding)
         assert calls == [torch.Size([1, 24]), torch.Size([4, ids.shape[1] - 24])]
@@ -227,9 +233,9 @@ PROMPTS = ("count one and", "red wool", "two plus three is", "the agents agree o
 
 
 def _train(tmp_path, path, trainer_kind, layout, share, monkeypatch, prompts):
+    from conftest import RUN_SETTINGS
     from datasets import Dataset
 
-    from conftest import RUN_SETTINGS
     from trl_collm import MultiAgentMCConfig, MultiAgentMCTrainer, MultiAgentPPOConfig, MultiAgentPPOTrainer
 
     used = []
@@ -242,24 +248,50 @@ def _train(tmp_path, path, trainer_kind, layout, share, monkeypatch, prompts):
 
     monkeypatch.setattr(prefix, "plan_split", counting)
     data = Dataset.from_dict({"prompt": prompts})
-    common = dict(RUN_SETTINGS, output_dir=str(tmp_path / f"{trainer_kind}-{layout}-{share}"), num_agents=2, response_length=5,
-                  total_episodes=8, learning_rate=1e-3, seed=0, share_prompt_prefix=share)
+    common = dict(
+        RUN_SETTINGS,
+        output_dir=str(tmp_path / f"{trainer_kind}-{layout}-{share}"),
+        num_agents=2,
+        response_length=5,
+        total_episodes=8,
+        learning_rate=1e-3,
+        seed=0,
+        share_prompt_prefix=share,
+    )
     peft_config = None
     if layout == "shared_base":
         from peft import LoraConfig
 
         peft_config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
     if trainer_kind == "mc":
-        args = MultiAgentMCConfig(num_generations=2, per_device_train_batch_size=2, total_episodes=4,
-                                  **{k: v for k, v in common.items() if k != "total_episodes"})
-        trainer = MultiAgentMCTrainer(args=args, model=path, peft_config=peft_config, train_dataset=data,
-                                      reward_funcs=lambda prompts, completions, **kw: [float(len(c[0]) % 3) for c in completions])
+        args = MultiAgentMCConfig(
+            num_generations=2,
+            per_device_train_batch_size=2,
+            total_episodes=4,
+            **{k: v for k, v in common.items() if k != "total_episodes"},
+        )
+        trainer = MultiAgentMCTrainer(
+            args=args,
+            model=path,
+            peft_config=peft_config,
+            train_dataset=data,
+            reward_funcs=lambda prompts, completions, **kw: [float(len(c[0]) % 3) for c in completions],
+        )
     else:
-        args = MultiAgentPPOConfig(critic_type=trainer_kind, per_device_train_batch_size=4, num_ppo_epochs=2, kl_coef=0.05, **common)
-        trainer = MultiAgentPPOTrainer(args=args, model=path, peft_config=peft_config, train_dataset=data,
-                                       reward_funcs=lambda prompts, completions, **kw: [float(len(c[0]) % 3) for c in completions])
+        args = MultiAgentPPOConfig(
+            critic_type=trainer_kind, per_device_train_batch_size=4, num_ppo_epochs=2, kl_coef=0.05, **common
+        )
+        trainer = MultiAgentPPOTrainer(
+            args=args,
+            model=path,
+            peft_config=peft_config,
+            train_dataset=data,
+            reward_funcs=lambda prompts, completions, **kw: [float(len(c[0]) % 3) for c in completions],
+        )
     trainer.train()
-    weights = {a: torch.cat([p.detach().flatten() for p in trainer.team.agent_parameters(a)]) for a in trainer.team.names}
+    weights = {
+        a: torch.cat([p.detach().flatten() for p in trainer.team.agent_parameters(a)]) for a in trainer.team.names
+    }
     return trainer._metrics_history, weights, sum(used)
 
 
@@ -267,11 +299,19 @@ INSTRUCTED = [LONG + p for p in PROMPTS]  # one long common prefix
 REPEATED = [" ".join([p] * 4) for p in PROMPTS]  # no common prefix; MC's G copies of a prompt repeat rows
 
 
-@pytest.mark.parametrize("trainer_kind,layout,prompts", [
-    ("centralized", "separate", INSTRUCTED), ("decentralized", "shared_base", INSTRUCTED), ("mc", "separate", INSTRUCTED),
-    ("mc", "shared_base", REPEATED),
-], ids=["cc-separate", "dc-lora", "mc-separate", "mc-lora-repeated-rows"])
-def test_training_with_a_shared_prefix_matches_training_without(tmp_path, qwen_path, trainer_kind, layout, prompts, monkeypatch):
+@pytest.mark.parametrize(
+    "trainer_kind,layout,prompts",
+    [
+        ("centralized", "separate", INSTRUCTED),
+        ("decentralized", "shared_base", INSTRUCTED),
+        ("mc", "separate", INSTRUCTED),
+        ("mc", "shared_base", REPEATED),
+    ],
+    ids=["cc-separate", "dc-lora", "mc-separate", "mc-lora-repeated-rows"],
+)
+def test_training_with_a_shared_prefix_matches_training_without(
+    tmp_path, qwen_path, trainer_kind, layout, prompts, monkeypatch
+):
     hist_off, w_off, used_off = _train(tmp_path, qwen_path, trainer_kind, layout, False, monkeypatch, prompts)
     hist_on, w_on, used_on = _train(tmp_path, qwen_path, trainer_kind, layout, True, monkeypatch, prompts)
     assert used_off == 0 and used_on > 0
@@ -310,17 +350,22 @@ def test_a_model_that_returns_no_cache_gets_the_plain_forward(tiny_lm):
 
 
 def test_mixed_adapter_generation_shares_a_head_only_within_an_adapter(tmp_path, qwen_path, monkeypatch):
+    from conftest import RUN_SETTINGS
     from datasets import Dataset
     from peft import LoraConfig
 
-    from conftest import RUN_SETTINGS
     from trl_collm import MultiAgentPPOConfig, MultiAgentPPOTrainer
 
-    args = MultiAgentPPOConfig(output_dir=str(tmp_path / "o"), num_agents=2, response_length=5, per_device_train_batch_size=4,
-                               **RUN_SETTINGS)
-    trainer = MultiAgentPPOTrainer(args=args, model=qwen_path, peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj"]),
-                                   train_dataset=Dataset.from_dict({"prompt": INSTRUCTED}),
-                                   reward_funcs=lambda prompts, completions, **kw: [0.0] * len(completions))
+    args = MultiAgentPPOConfig(
+        output_dir=str(tmp_path / "o"), num_agents=2, response_length=5, per_device_train_batch_size=4, **RUN_SETTINGS
+    )
+    trainer = MultiAgentPPOTrainer(
+        args=args,
+        model=qwen_path,
+        peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj"]),
+        train_dataset=Dataset.from_dict({"prompt": INSTRUCTED}),
+        reward_funcs=lambda prompts, completions, **kw: [0.0] * len(completions),
+    )
     team = trainer.team
     assert team.layout == "shared_base"
     trainer.model.eval()  # as the rollout does (PEFT refuses adapter_names in training mode)

@@ -50,13 +50,25 @@ def test_collm_preset_matches_analytic_gradient(tmp_path):
     params = [p for m in policies for p in m.parameters()] + list(critic_model.parameters())
     tok = build_tokenizer()
     args = MultiAgentPPOConfig(
-        output_dir=str(tmp_path), preset="collm", max_grad_norm=None,
-        per_device_train_batch_size=4, use_cpu=True, bf16=False, report_to=[], save_strategy="no",
-        num_sample_generations=0, disable_tqdm=True, agent_names=["alice", "bob"],
+        output_dir=str(tmp_path),
+        preset="collm",
+        max_grad_norm=None,
+        per_device_train_batch_size=4,
+        use_cpu=True,
+        bf16=False,
+        report_to=[],
+        save_strategy="no",
+        num_sample_generations=0,
+        disable_tqdm=True,
+        agent_names=["alice", "bob"],
     )
     dataset = Dataset.from_dict({"prompt": ["p"] * 4})
     trainer = MultiAgentPPOTrainer(
-        args=args, processing_class=tok, model=policies, value_model=critic_model, train_dataset=dataset,
+        args=args,
+        processing_class=tok,
+        model=policies,
+        value_model=critic_model,
+        train_dataset=dataset,
         reward_funcs=lambda prompts, completions, **kw: [0.0] * len(prompts),
         optimizers=(torch.optim.SGD(params, lr=eta), None),
     )
@@ -69,7 +81,13 @@ def test_collm_preset_matches_analytic_gradient(tmp_path):
         a: AgentTurn(a, 0, torch.arange(4), ["p"] * 4, [f"{a} prompt {k}" for k in range(4)], generation(responses[a]))
         for a in responses
     }
-    roll = Rollout(["alice", "bob"], [{}] * 4, [turn], rewards.view(4, 1, 1).expand(4, 1, 2).clone(), torch.ones(4, 1, dtype=torch.bool))
+    roll = Rollout(
+        ["alice", "bob"],
+        [{}] * 4,
+        [turn],
+        rewards.view(4, 1, 1).expand(4, 1, 2).clone(),
+        torch.ones(4, 1, dtype=torch.bool),
+    )
 
     # ---- expected, by hand
     v0 = w0 + b0

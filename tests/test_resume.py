@@ -19,7 +19,9 @@ VOLATILE = ("time/iteration_s", "eps")  # wall-clock figures differ between runs
 
 
 def _run(out, *extra, env):
-    return subprocess.run([sys.executable, str(SCRIPT), str(out), *extra], env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), str(out), *extra], env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 @pytest.fixture
@@ -40,8 +42,13 @@ def test_killed_and_resumed_run_matches_uninterrupted_run(tmp_path, child_env):
     assert len(expected) == 5
 
     killed = tmp_path / "killed"
-    proc = subprocess.Popen([sys.executable, str(SCRIPT), str(killed), "--sleep", "3"], env=child_env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(SCRIPT), str(killed), "--sleep", "3"],
+        env=child_env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     marker = killed / "checkpoint-2" / checkpoints.MARKER
     deadline = time.time() + 240
     while not marker.exists() and time.time() < deadline and proc.poll() is None:
@@ -65,7 +72,9 @@ def test_killed_and_resumed_run_matches_uninterrupted_run(tmp_path, child_env):
     assert sorted(p.name for p in killed.glob("checkpoint-*")) == ["checkpoint-3", "checkpoint-4", "checkpoint-5"]
 
 
-def test_kill_during_save_leaves_previous_checkpoint_usable(tmp_path, qwen_path, prompts_dataset, make_config, monkeypatch):
+def test_kill_during_save_leaves_previous_checkpoint_usable(
+    tmp_path, qwen_path, prompts_dataset, make_config, monkeypatch
+):
     from trl_collm import MultiAgentPPOTrainer
 
     args = make_config(tmp_path, agent_names=["a", "b"], save_strategy="steps", save_steps=1, total_episodes=8)

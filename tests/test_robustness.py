@@ -65,15 +65,31 @@ def test_every_float_field_rejects_nan_and_inf(cls):
 @pytest.mark.parametrize("cls", [MultiAgentPPOConfig, MultiAgentMCConfig])
 def test_every_numeric_field_rejects_absurd_negatives(cls):
     """-1e9 is out of range for every numeric field we expose except the few that are genuinely signed."""
-    signed = {"missing_eos_penalty", "early_termination_threshold", "seed", "data_seed", "local_rank",
-              "stop_token_id", "max_steps", "eval_steps", "logging_steps", "save_steps", "warmup_steps", "warmup_ratio",
-              "past_index", "ddp_timeout", "torch_compile", "hub_revision", "accelerator_config"}
+    signed = {
+        "missing_eos_penalty",
+        "early_termination_threshold",
+        "seed",
+        "data_seed",
+        "local_rank",
+        "stop_token_id",
+        "max_steps",
+        "eval_steps",
+        "logging_steps",
+        "save_steps",
+        "warmup_steps",
+        "warmup_ratio",
+        "past_index",
+        "ddp_timeout",
+        "torch_compile",
+        "hub_revision",
+        "accelerator_config",
+    }
     accepted = []
     for name in _numeric_fields(cls):
         if name in signed:
             continue
         try:
-            cls(**BASE, **{name: -10**9})
+            cls(**BASE, **{name: -(10**9)})
         except (ValueError, TypeError):
             pass
         else:
@@ -144,10 +160,21 @@ def _any_checkpoint(out) -> bool:
 def test_exploding_updates_are_skipped_and_counted_then_stop(tmp_path, make_config, prompts_dataset, qwen_path):
     """A learning rate so large that the first update makes the next losses non-finite: the poisoned steps are
     skipped (weights stay finite, no checkpoint holds NaN) and the run stops with a clear error."""
-    args = make_config(tmp_path, num_agents=2, learning_rate=1e30, total_episodes=40, max_nonfinite_steps=3,
-                       save_strategy="steps", save_steps=1, num_ppo_epochs=4, max_grad_norm=None)
+    args = make_config(
+        tmp_path,
+        num_agents=2,
+        learning_rate=1e30,
+        total_episodes=40,
+        max_nonfinite_steps=3,
+        save_strategy="steps",
+        save_steps=1,
+        num_ppo_epochs=4,
+        max_grad_norm=None,
+    )
     tr = MultiAgentPPOTrainer(args=args, model=qwen_path, train_dataset=prompts_dataset, reward_funcs=ok_reward)
-    with pytest.raises(FloatingPointError, match=r"(optimizer steps in a row.*max_nonfinite_steps|weights have diverged)"):
+    with pytest.raises(
+        FloatingPointError, match=r"(optimizer steps in a row.*max_nonfinite_steps|weights have diverged)"
+    ):
         tr.train()
     assert _all_finite(tr.model)
     skipped = [m.get("train/nonfinite_steps_skipped", 0) for m in tr._metrics_history]
@@ -328,10 +355,12 @@ def test_resume_true_continues(tmp_path, make_config, prompts_dataset, qwen_path
 def test_collm_preset_trains_one_team_value():
     args = MultiAgentPPOConfig(**BASE, preset="collm")
     assert args.centralized_value == "team"
-    assert MultiAgentPPOConfig(**BASE, preset="collm", centralized_value="agent_tagged").centralized_value == "agent_tagged"
+    assert (
+        MultiAgentPPOConfig(**BASE, preset="collm", centralized_value="agent_tagged").centralized_value
+        == "agent_tagged"
+    )
     # per-agent rewards need a value per agent: the preset leaves the default there instead of failing
     assert MultiAgentPPOConfig(**BASE, preset="collm", reward_type="per_agent").centralized_value == "per_agent_heads"
-
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -369,8 +398,9 @@ def test_pad_without_an_embedding_row_never_reaches_a_model(tmp_path, make_confi
     tok = AutoTokenizer.from_pretrained(path)
     tok.add_special_tokens({"pad_token": "[PAD]"})
     args = make_config(tmp_path, num_agents=2, critic_type="decentralized")
-    tr = MultiAgentPPOTrainer(args=args, model=path, processing_class=tok, train_dataset=prompts_dataset,
-                              reward_funcs=ok_reward)
+    tr = MultiAgentPPOTrainer(
+        args=args, model=path, processing_class=tok, train_dataset=prompts_dataset, reward_funcs=ok_reward
+    )
     rows = tr.team.model_of("agent_0").get_input_embeddings().num_embeddings
     assert tok.pad_token_id == rows  # one past the table
     assert tr.team.pad_id("agent_0") == tok.eos_token_id

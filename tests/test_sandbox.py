@@ -29,9 +29,27 @@ def run(code, **kw):
 # codec: exact round trips, and nothing but plain data
 # ---------------------------------------------------------------------------------------------------------------
 
-ROUND_TRIPS = [None, True, False, 0, -7, 2**200, 1.5, -0.0, math.inf, -math.inf, "héllo\n", b"\x00\xff", 3 + 4j,
-               [1, [2, [3]]], (1, "a", (2.5,)), {1, 2}, frozenset({"x"}), {"a": 1, 2: [3], (1, 2): {"b": None}},
-               [(), [], {}, set()]]
+ROUND_TRIPS = [
+    None,
+    True,
+    False,
+    0,
+    -7,
+    2**200,
+    1.5,
+    -0.0,
+    math.inf,
+    -math.inf,
+    "héllo\n",
+    b"\x00\xff",
+    3 + 4j,
+    [1, [2, [3]]],
+    (1, "a", (2.5,)),
+    {1, 2},
+    frozenset({"x"}),
+    {"a": 1, 2: [3], (1, 2): {"b": None}},
+    [(), [], {}, set()],
+]
 
 
 @pytest.mark.parametrize("value", ROUND_TRIPS, ids=lambda v: type(v).__name__)
@@ -50,10 +68,20 @@ def test_codec_distinguishes_containers_and_nan():
     assert "NaN" not in codec.dumps([float("nan")])  # travels as a tag, not a non-standard literal
 
 
-@pytest.mark.parametrize("value", [
-    type("I", (int,), {})(3), type("S", (str,), {})("x"), type("L", (list,), {})(), object(), lambda: 1,
-    iter([1]), 2**5000, [1, (2, object())],
-], ids=["int-subclass", "str-subclass", "list-subclass", "object", "function", "iterator", "huge-int", "nested"])
+@pytest.mark.parametrize(
+    "value",
+    [
+        type("I", (int,), {})(3),
+        type("S", (str,), {})("x"),
+        type("L", (list,), {})(),
+        object(),
+        lambda: 1,
+        iter([1]),
+        2**5000,
+        [1, (2, object())],
+    ],
+    ids=["int-subclass", "str-subclass", "list-subclass", "object", "function", "iterator", "huge-int", "nested"],
+)
 def test_codec_refuses_anything_but_plain_data(value):
     with pytest.raises(codec.Unencodable):
         codec.encode(value)
@@ -79,7 +107,7 @@ def test_seccomp_filter_is_well_formed():
     for machine in ("x86_64", "aarch64"):
         data = seccomp.filter_bytes(machine)
         assert len(data) % 8 == 0 and 20 < len(data) // 8 < 256
-        codes = [struct.unpack("=HBBI", data[i:i + 8]) for i in range(0, len(data), 8)]
+        codes = [struct.unpack("=HBBI", data[i : i + 8]) for i in range(0, len(data), 8)]
         assert codes[-1] == (0x06, 0, 0, 0x80000000)  # the last instruction: kill (wrong architecture)
         assert all(c[0] in (0x20, 0x15, 0x35, 0x45, 0x06) for c in codes)
     with pytest.raises(OSError, match="riscv64"):
@@ -140,7 +168,8 @@ def test_memory_limit_and_output_cap():
 
 @needs_sandbox
 def test_tmp_is_capped_and_private():
-    r = run("""
+    r = run(
+        """
         import os
         n = 0
         try:
@@ -150,7 +179,9 @@ def test_tmp_is_capped_and_private():
                 n += 1
         except OSError as e:
             print(n, e.errno)
-    """, tmp_mb=8)
+    """,
+        tmp_mb=8,
+    )
     written, errno = map(int, r.stdout.split())
     assert written <= 8 and errno in (27, 28)  # EFBIG (file-size limit) or ENOSPC (the tmpfs is full)
     assert run("import os\nprint(os.listdir('/tmp'))").stdout.strip() == "[]"  # a fresh /tmp every time
@@ -160,7 +191,7 @@ def test_tmp_is_capped_and_private():
 # run_tests
 # ---------------------------------------------------------------------------------------------------------------
 
-CHECK = '''
+CHECK = """
 def check(candidate):
     assert candidate(1, 2) == 3
     assert candidate(-1, 1) == 0
@@ -169,7 +200,7 @@ def check(candidate):
     assert True, "placeholder, not counted"
     import math
     assert math.isclose(candidate(0.1, 0.2), 0.3)
-'''
+"""
 
 
 @needs_sandbox
@@ -201,8 +232,9 @@ def test_run_tests_syntax_and_load_errors():
 
 @needs_sandbox
 def test_run_tests_list_of_asserts_and_missing_entry_point():
-    rep = run_tests("def mul(a, b):\n    return a * b\n", ["assert mul(2, 3) == 6", "assert mul(2, 2) == 5"],
-                    entry_point="mul")
+    rep = run_tests(
+        "def mul(a, b):\n    return a * b\n", ["assert mul(2, 3) == 6", "assert mul(2, 2) == 5"], entry_point="mul"
+    )
     assert [o.status for o in rep.outcomes] == ["passed", "failed"]
     rep = run_tests("def other(a, b):\n    return a * b\n", ["assert mul(2, 3) == 6"], entry_point="mul")
     assert rep.entry_point_missing and rep.outcomes[0].status == "error"
@@ -218,18 +250,26 @@ def test_run_tests_timeout_restarts_the_sandbox_for_the_next_test():
 
 @needs_sandbox
 def test_run_tests_total_timeout():
-    rep = run_tests("def add(a, b):\n    while True:\n        pass\n", CHECK, entry_point="add", per_test_timeout=0.5,
-                    timeout=1.2)
+    rep = run_tests(
+        "def add(a, b):\n    while True:\n        pass\n", CHECK, entry_point="add", per_test_timeout=0.5, timeout=1.2
+    )
     assert rep.timed_out and rep.passed == 0 and rep.duration < 4.0
     assert {o.status for o in rep.outcomes} == {"timeout"}
 
 
 @needs_sandbox
 def test_values_cross_exactly():
-    tests = ["assert f() == (1, 2)", "assert f() != [1, 2]", "assert type(g()) is tuple", "assert h() != h()",
-             "assert k() == {(1, 'a'): {2.5}}"]
-    code = ("def f():\n    return (1, 2)\ndef g():\n    return (1,)\ndef h():\n    return float('nan')\n"
-            "def k():\n    return {(1, 'a'): {2.5}}\n")
+    tests = [
+        "assert f() == (1, 2)",
+        "assert f() != [1, 2]",
+        "assert type(g()) is tuple",
+        "assert h() != h()",
+        "assert k() == {(1, 'a'): {2.5}}",
+    ]
+    code = (
+        "def f():\n    return (1, 2)\ndef g():\n    return (1,)\ndef h():\n    return float('nan')\n"
+        "def k():\n    return {(1, 'a'): {2.5}}\n"
+    )
     rep = run_tests(code, tests[:2], entry_point="f")
     assert rep.all_passed
     for entry, test in (("g", tests[2]), ("h", tests[3]), ("k", tests[4])):
@@ -243,8 +283,9 @@ def test_helpers_come_from_the_trusted_setup_not_the_solution():
     honest = run_tests("def f(x):\n    return x * 2\n", tests, entry_point="f", trusted_setup=trusted)
     assert honest.all_passed
     # A solution that redefines the helper changes only its own copy: the judge uses the trusted one.
-    faked = run_tests("def helper(x):\n    return 5\ndef f(x):\n    return 0\n", tests, entry_point="f",
-                      trusted_setup=trusted)
+    faked = run_tests(
+        "def helper(x):\n    return 5\ndef f(x):\n    return 0\n", tests, entry_point="f", trusted_setup=trusted
+    )
     assert faked.passed == 0
     # Without the trusted setup, the helper is simply missing in the judge (never taken from the solution).
     missing = run_tests("def helper(x):\n    return 5\ndef f(x):\n    return 0\n", tests, entry_point="f")
@@ -253,9 +294,11 @@ def test_helpers_come_from_the_trusted_setup_not_the_solution():
 
 @needs_sandbox
 def test_tests_are_not_visible_to_the_solution():
-    code = ("import os, sys\n"
-            "seen = ' '.join(sys.argv) + ''.join(open('/tmp/' + f).read() for f in os.listdir('/tmp'))\n"
-            "def add(a, b):\n    return 3 if 'candidate(1, 2) == 3' in seen else -7\n")
+    code = (
+        "import os, sys\n"
+        "seen = ' '.join(sys.argv) + ''.join(open('/tmp/' + f).read() for f in os.listdir('/tmp'))\n"
+        "def add(a, b):\n    return 3 if 'candidate(1, 2) == 3' in seen else -7\n"
+    )
     rep = run_tests(code, CHECK, entry_point="add")
     assert rep.load_error is None and rep.passed == 0
 
@@ -289,8 +332,10 @@ def test_missing_bwrap_refuses_with_one_line(monkeypatch, fresh_probe):
 
 def test_broken_user_namespaces_refuse_with_one_line(monkeypatch, tmp_path, fresh_probe):
     fake = tmp_path / "bwrap"
-    fake.write_text("#!/bin/sh\necho 'bwrap: No permissions to create new namespace, likely because the kernel "
-                    "does not allow non-privileged user namespaces.' >&2\nexit 1\n")
+    fake.write_text(
+        "#!/bin/sh\necho 'bwrap: No permissions to create new namespace, likely because the kernel "
+        "does not allow non-privileged user namespaces.' >&2\nexit 1\n"
+    )
     fake.chmod(0o755)
     monkeypatch.setattr(bwrap.shutil, "which", lambda name: str(fake))
     with pytest.raises(SandboxUnavailable) as info:
@@ -354,8 +399,15 @@ def test_bench_sandbox_smoke(tmp_path):
     root = Path(__file__).resolve().parents[1]
     out = tmp_path / "bench.json"
     env = dict(os.environ, PYTHONPATH=str(root), HF_HUB_OFFLINE="1")
-    res = subprocess.run([sys.executable, "benchmarks/bench_sandbox.py", "--smoke", "--json", str(out)], cwd=root,
-                         env=env, capture_output=True, text=True, timeout=300, check=False)
+    res = subprocess.run(
+        [sys.executable, "benchmarks/bench_sandbox.py", "--smoke", "--json", str(out)],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     data = json.loads(out.read_text())
     assert data["latency"]["new"]["n"] == 3 and data["latency"]["new"]["not_all_passed"] == 0
@@ -366,8 +418,9 @@ def test_bench_sandbox_smoke(tmp_path):
 def test_a_sandbox_that_fails_to_start_is_loud(monkeypatch, tmp_path):
     """bubblewrap failing at run time (not the solution) raises instead of scoring the attempt 0."""
     fake = tmp_path / "bwrap"
-    fake.write_text("#!/bin/sh\necho 'bwrap: Creating new namespace failed: Resource temporarily unavailable' >&2\n"
-                    "exit 1\n")
+    fake.write_text(
+        "#!/bin/sh\necho 'bwrap: Creating new namespace failed: Resource temporarily unavailable' >&2\nexit 1\n"
+    )
     fake.chmod(0o755)
     sandbox.shutdown()  # no warm sandbox started by the real bwrap
     monkeypatch.setattr(bwrap.shutil, "which", lambda name: str(fake))

@@ -113,8 +113,9 @@ def test_the_docs_carry_the_table():
 
 
 def test_max_steps_caps_the_iterations(tmp_path, qwen_path, prompts_dataset, make_config):
-    args = make_config(tmp_path, agent_names=["a", "b"], total_episodes=None, max_steps=1, num_ppo_epochs=1,
-                       exp_name="exp")
+    args = make_config(
+        tmp_path, agent_names=["a", "b"], total_episodes=None, max_steps=1, num_ppo_epochs=1, exp_name="exp"
+    )
     trainer = MultiAgentPPOTrainer(args=args, model=qwen_path, train_dataset=prompts_dataset, reward_funcs=_reward)
     out = trainer.train()
     assert out.global_step == 1 and len(trainer.metrics_history) == 1  # 3 epochs of 2 iterations without it
@@ -122,8 +123,9 @@ def test_max_steps_caps_the_iterations(tmp_path, qwen_path, prompts_dataset, mak
     assert args.run_name.startswith("exp__0__")  # TRL PPO's run name from exp_name and seed
 
 
-@pytest.mark.parametrize("optim, cls_name", [("adamw_torch", "AdamW"), ("sgd", "SGD"), ("adafactor", "Adafactor"),
-                                             ("adagrad", "Adagrad")])
+@pytest.mark.parametrize(
+    "optim, cls_name", [("adamw_torch", "AdamW"), ("sgd", "SGD"), ("adafactor", "Adafactor"), ("adagrad", "Adagrad")]
+)
 def test_optim_picks_the_optimizer(tmp_path, qwen_path, prompts_dataset, make_config, optim, cls_name):
     args = make_config(tmp_path, agent_names=["a", "b"], optim=optim, critic_learning_rate=5e-4)
     trainer = MultiAgentPPOTrainer(args=args, model=qwen_path, train_dataset=prompts_dataset, reward_funcs=_reward)
@@ -136,8 +138,12 @@ def test_optim_picks_the_optimizer(tmp_path, qwen_path, prompts_dataset, make_co
 @pytest.mark.parametrize("optim, fused", [(None, None), ("adamw_torch_fused", True)])
 def test_default_optim_is_plain_adamw(tmp_path, qwen_path, prompts_dataset, make_config, optim, fused):
     extra = {} if optim is None else {"optim": optim}
-    trainer = MultiAgentPPOTrainer(args=make_config(tmp_path, agent_names=["a", "b"], **extra), model=qwen_path,
-                                   train_dataset=prompts_dataset, reward_funcs=_reward)
+    trainer = MultiAgentPPOTrainer(
+        args=make_config(tmp_path, agent_names=["a", "b"], **extra),
+        model=qwen_path,
+        train_dataset=prompts_dataset,
+        reward_funcs=_reward,
+    )
     opt = trainer.create_optimizer()
     assert isinstance(opt, torch.optim.AdamW) and opt.defaults["fused"] is fused
     assert opt.defaults["betas"] == (0.9, 0.999) and opt.defaults["eps"] == 1e-8
@@ -148,8 +154,17 @@ def _by_length(prompts, completions, **kw):
 
 
 def _one_sgd_update(tmp_path, qwen_path, dataset, make_config, **kw):
-    args = make_config(tmp_path, agent_names=["a", "b"], optim="sgd", learning_rate=0.5, num_ppo_epochs=1,
-                       total_episodes=4, max_grad_norm=None, kl_coef=0.0, **kw)
+    args = make_config(
+        tmp_path,
+        agent_names=["a", "b"],
+        optim="sgd",
+        learning_rate=0.5,
+        num_ppo_epochs=1,
+        total_episodes=4,
+        max_grad_norm=None,
+        kl_coef=0.0,
+        **kw,
+    )
     trainer = MultiAgentPPOTrainer(args=args, model=qwen_path, train_dataset=dataset, reward_funcs=_by_length)
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
     trainer.train()
@@ -160,8 +175,14 @@ def test_gradient_accumulation_makes_the_same_minibatch_mean(tmp_path, qwen_path
     """4 rows in one micro-batch, or 2 micro-batches of 2 accumulated: the same rollout batch and the same SGD step
     (TRL PPO's batch math: ignoring gradient_accumulation_steps would halve the batch and change the step)."""
     whole = _one_sgd_update(tmp_path / "ga1", qwen_path, prompts_dataset, make_config, per_device_train_batch_size=4)
-    parts = _one_sgd_update(tmp_path / "ga2", qwen_path, prompts_dataset, make_config, per_device_train_batch_size=2,
-                            gradient_accumulation_steps=2)
+    parts = _one_sgd_update(
+        tmp_path / "ga2",
+        qwen_path,
+        prompts_dataset,
+        make_config,
+        per_device_train_batch_size=2,
+        gradient_accumulation_steps=2,
+    )
     moved = [n for n, d in whole.items() if d.abs().max() > 1e-6]
     assert moved
     for n in moved:
@@ -171,8 +192,12 @@ def test_gradient_accumulation_makes_the_same_minibatch_mean(tmp_path, qwen_path
 def test_data_seed_changes_the_order_of_the_rows(tmp_path, qwen_path, prompts_dataset, make_config):
     orders = []
     for data_seed in (None, 1):
-        trainer = MultiAgentPPOTrainer(args=make_config(tmp_path, agent_names=["a", "b"], data_seed=data_seed),
-                                       model=qwen_path, train_dataset=prompts_dataset, reward_funcs=_reward)
+        trainer = MultiAgentPPOTrainer(
+            args=make_config(tmp_path, agent_names=["a", "b"], data_seed=data_seed),
+            model=qwen_path,
+            train_dataset=prompts_dataset,
+            reward_funcs=_reward,
+        )
         trainer._batch_sizes()
         orders.append([r["prompt"] for batch in trainer._rollout_loader() for r in batch])
     assert sorted(orders[0]) == sorted(orders[1]) and orders[0] != orders[1]
@@ -181,8 +206,12 @@ def test_data_seed_changes_the_order_of_the_rows(tmp_path, qwen_path, prompts_da
 def test_save_model_pushes_when_push_to_hub(tmp_path, qwen_path, prompts_dataset, make_config, monkeypatch):
     from trl_collm.trainers import checkpoints
 
-    trainer = MultiAgentPPOTrainer(args=make_config(tmp_path, agent_names=["a", "b"]), model=qwen_path,
-                                   train_dataset=prompts_dataset, reward_funcs=_reward)
+    trainer = MultiAgentPPOTrainer(
+        args=make_config(tmp_path, agent_names=["a", "b"]),
+        model=qwen_path,
+        train_dataset=prompts_dataset,
+        reward_funcs=_reward,
+    )
     pushes = []
     monkeypatch.setattr(trainer, "push_to_hub", lambda commit_message=None, **kw: pushes.append(commit_message))
     trainer.save_model()
@@ -204,10 +233,29 @@ def test_cli_resume_from_checkpoint_continues_the_run(tmp_path, model_cache, qwe
     from trl_collm.cli import main
 
     out = tmp_path / "run"
-    common = ["ppo", "--config", str(ROOT / "examples/configs/coord-penalty/cc-cpu.yaml"), "--output_dir", str(out),
-              "--per_device_train_batch_size", "8", "--train_limit", "16", "--eval_limit", "4",
-              "--save_strategy", "steps", "--save_steps", "1", "--logging_steps", "1", "--disable_tqdm", "true",
-              "--plot", "false"]
+    common = [
+        "ppo",
+        "--config",
+        str(ROOT / "examples/configs/coord-penalty/cc-cpu.yaml"),
+        "--output_dir",
+        str(out),
+        "--per_device_train_batch_size",
+        "8",
+        "--train_limit",
+        "16",
+        "--eval_limit",
+        "4",
+        "--save_strategy",
+        "steps",
+        "--save_steps",
+        "1",
+        "--logging_steps",
+        "1",
+        "--disable_tqdm",
+        "true",
+        "--plot",
+        "false",
+    ]
     assert main(common + ["--max_steps", "1"]) == 0  # --max_steps overrides the config's total_episodes
     first = json.loads((out / "checkpoint-1" / "trainer_state.json").read_text())
     assert first["global_step"] == 1 and first["max_steps"] == 1

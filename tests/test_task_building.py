@@ -90,14 +90,16 @@ def test_parse_syntax_errors(line, reason):
 def test_read_turn_rejects_with_reasons():
     target = string_target("I")
     world = World(target.size)
-    text = "\n".join([
-        "Here is my plan:",  # talk: ignored, not a rejection
-        "/setblock 0 4 0 red_wool",  # ok
-        "/setblock 30 0 0 red_wool",  # out of bounds (x 0..4)
-        "/setblock 1 4 0 yellow_wool",  # builder_b's colour
-        "/setblok 1 4 0 red_wool",  # typo
-        "/setblock 2 3 0 blue_wool",  # 5th command line > budget 4
-    ])
+    text = "\n".join(
+        [
+            "Here is my plan:",  # talk: ignored, not a rejection
+            "/setblock 0 4 0 red_wool",  # ok
+            "/setblock 30 0 0 red_wool",  # out of bounds (x 0..4)
+            "/setblock 1 4 0 yellow_wool",  # builder_b's colour
+            "/setblok 1 4 0 red_wool",  # typo
+            "/setblock 2 3 0 blue_wool",  # 5th command line > budget 4
+        ]
+    )
     plan = read_turn(text, STR_PALETTES["builder_a"], world, turn_budget=4)
     assert [c.text for c in plan.accepted] == ["/setblock 0 4 0 red_wool"]
     assert plan.ignored == 1
@@ -117,7 +119,9 @@ def test_block_allowance_and_free_replacement():
     plan = read_turn(text, STR_PALETTES["builder_a"], world, turn_budget=None, blocks_left=5)
     # The fill changes 4 cells (0,4,0 already holds red wool: free), leaving 1 block; 2,3,0 takes it; 2,2,0 is over.
     assert len(plan.accepted) == 2 and sum(plan.charged.values()) == 5
-    assert len(plan.rejections) == 1 and "over your block allowance: needs 1 blocks, 0 left" in plan.rejections[0].reason
+    assert (
+        len(plan.rejections) == 1 and "over your block allowance: needs 1 blocks, 0 left" in plan.rejections[0].reason
+    )
 
 
 def test_contested_cells_are_left_unchanged_and_refunded():
@@ -336,7 +340,9 @@ def test_end_on_perfect_and_agent_checks():
     with pytest.raises(ValueError, match="palettes are for"):
         BuildingEnv("str").reset({"target": "I", "kind": "str", "palettes": {"x": ["red_wool"], "y": ["blue_wool"]}})
     with pytest.raises(ValueError, match="no agent's palette holds"):
-        BuildingEnv("house", palettes={"builder_a": ["stone"], "builder_b": ["bricks"]}).reset({"target": "hut", "kind": "house"})
+        BuildingEnv("house", palettes={"builder_a": ["stone"], "builder_b": ["bricks"]}).reset(
+            {"target": "hut", "kind": "house"}
+        )
 
 
 def test_dataset_options():
@@ -382,8 +388,14 @@ def test_trainer_runs_on_strbuild(tmp_path, make_config, qwen_path, critic_type)
     task = get_task("building-str")
     ds = task.load_dataset("train", limit=4)  # I, C, M, L: the shortest prompts
     args = make_config(
-        tmp_path, agent_names=list(task.agent_names), num_turns=task.num_turns, critic_type=critic_type,
-        total_episodes=4, per_device_train_batch_size=4, response_length=8, num_ppo_epochs=1,
+        tmp_path,
+        agent_names=list(task.agent_names),
+        num_turns=task.num_turns,
+        critic_type=critic_type,
+        total_episodes=4,
+        per_device_train_batch_size=4,
+        response_length=8,
+        num_ppo_epochs=1,
     )
     tr = MultiAgentPPOTrainer(args=args, model=qwen_path, train_dataset=ds, env=task.make_env())
     out = tr.train()

@@ -161,8 +161,10 @@ def test_thin_wrapper_gets_no_bonus(problems):
 
 def test_main_defining_aux_itself_is_ignored(problems):
     row = problems["HumanEval/2"]
-    main = ("def aux(x):\n    return x - int(x)\n\n"
-            "def truncate_number(number: float) -> float:\n    r = aux(number)\n    return r if r >= 0 else -r\n")
+    main = (
+        "def aux(x):\n    return x - int(x)\n\n"
+        "def truncate_number(number: float) -> float:\n    r = aux(number)\n    return r if r >= 0 else -r\n"
+    )
     s = score(row, "no helper from me", main)
     assert not s.aux_defined and s.tests_passed == 0 and s.levels["bonus"] == 0.0
     fb = feedback_text(s, row["entry_point"])
@@ -269,9 +271,18 @@ def test_trainer_runs_on_code_env(tmp_path, make_config, qwen_path, critic_type)
     from trl_collm import MultiAgentPPOTrainer
 
     ds = load_humaneval("train", limit=4)
-    args = make_config(tmp_path, agent_names=["aux", "main"], num_turns=2, critic_type=critic_type,
-                       response_length=8, total_episodes=4, num_ppo_epochs=1)
-    tr = MultiAgentPPOTrainer(args=args, model=qwen_path, train_dataset=ds, env=CodeEnv(timeout=5.0, per_test_timeout=0.5))
+    args = make_config(
+        tmp_path,
+        agent_names=["aux", "main"],
+        num_turns=2,
+        critic_type=critic_type,
+        response_length=8,
+        total_episodes=4,
+        num_ppo_epochs=1,
+    )
+    tr = MultiAgentPPOTrainer(
+        args=args, model=qwen_path, train_dataset=ds, env=CodeEnv(timeout=5.0, per_test_timeout=0.5)
+    )
     out = tr.train()
     assert out.global_step == 1
     assert math.isfinite(out.metrics["objective/scores"])

@@ -9,11 +9,20 @@ from trl_collm.tasks import get_task
 from trl_collm.tasks.coordination import CLIMBING, PENALTY, RepeatedMatrixEnv, numbers_reward, parse_action
 
 
-@pytest.mark.parametrize("text, k, expected", [
-    ("A", 3, 0), (" b) because", 3, 1), ("C", 3, 2), ("c", 3, 2),
-    ("D", 3, ord("D") % 3),  # not an option letter: falls back to the character code
-    ("7", 10, 7), ("x", 3, ord("x") % 3), ("", 3, 0), ("   ", 3, 0),
-])
+@pytest.mark.parametrize(
+    "text, k, expected",
+    [
+        ("A", 3, 0),
+        (" b) because", 3, 1),
+        ("C", 3, 2),
+        ("c", 3, 2),
+        ("D", 3, ord("D") % 3),  # not an option letter: falls back to the character code
+        ("7", 10, 7),
+        ("x", 3, ord("x") % 3),
+        ("", 3, 0),
+        ("   ", 3, 0),
+    ],
+)
 def test_parse_action(text, k, expected):
     assert parse_action(text, k) == expected
 
@@ -57,9 +66,14 @@ def test_repeated_game_sparse_and_dense_returns():
             assert sum(rewards) == pytest.approx(mean)
 
 
-@pytest.mark.parametrize("name, answers", [
-    ("coord-climbing", ["A", "A"]), ("coord-penalty", ["C", "C"]), ("coord-repeated", ["A", "A"]),
-])
+@pytest.mark.parametrize(
+    "name, answers",
+    [
+        ("coord-climbing", ["A", "A"]),
+        ("coord-penalty", ["C", "C"]),
+        ("coord-repeated", ["A", "A"]),
+    ],
+)
 def test_oracle_team_reaches_the_optimum(name, answers):
     task = get_task(name)
     env = task.make_env()
@@ -94,15 +108,35 @@ def test_numbers_oracle_and_dataset_targets():
 @pytest.mark.parametrize("name", ["coord-penalty", "coord-repeated"])
 def test_short_training_runs(tmp_path, qwen_path, make_config, algo, name):
     task = get_task(name)
-    common = dict(agent_names=task.agent_names, num_turns=task.num_turns, response_length=2, per_device_train_batch_size=2,
-                  total_episodes=2, learning_rate=1e-2)
+    common = dict(
+        agent_names=task.agent_names,
+        num_turns=task.num_turns,
+        response_length=2,
+        per_device_train_batch_size=2,
+        total_episodes=2,
+        learning_rate=1e-2,
+    )
     if algo == "mc":
-        args = MultiAgentMCConfig(output_dir=str(tmp_path / "o"), num_generations=2, use_cpu=True, bf16=False, report_to=[],
-                                  save_strategy="no", disable_tqdm=True, num_sample_generations=0, expansion="per_branch", **common)
-        trainer = MultiAgentMCTrainer(args=args, model=qwen_path, train_dataset=task.load_dataset("train", limit=4), env=task.make_env())
+        args = MultiAgentMCConfig(
+            output_dir=str(tmp_path / "o"),
+            num_generations=2,
+            use_cpu=True,
+            bf16=False,
+            report_to=[],
+            save_strategy="no",
+            disable_tqdm=True,
+            num_sample_generations=0,
+            expansion="per_branch",
+            **common,
+        )
+        trainer = MultiAgentMCTrainer(
+            args=args, model=qwen_path, train_dataset=task.load_dataset("train", limit=4), env=task.make_env()
+        )
     else:
         args = make_config(tmp_path, critic_type="centralized" if algo == "cc" else "decentralized", **common)
-        trainer = MultiAgentPPOTrainer(args=args, model=qwen_path, train_dataset=task.load_dataset("train", limit=4), env=task.make_env())
+        trainer = MultiAgentPPOTrainer(
+            args=args, model=qwen_path, train_dataset=task.load_dataset("train", limit=4), env=task.make_env()
+        )
     before = {a: [p.detach().clone() for p in trainer.team.agent_parameters(a)] for a in task.agent_names}
     out = trainer.train()
     assert -30 / 11 - 1e-6 <= out.metrics["objective/scores"] <= 1.0 + 1e-6  # the worst payoff is -30/11

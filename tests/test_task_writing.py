@@ -240,8 +240,10 @@ def test_adversarial_inputs():
 def test_level_functions_sum_to_combined():
     completions = [[CONCISE, DETAILED], ["", DETAILED], [filler(40), filler(60)], [CONCISE_PLAIN, DETAILED_PLAIN]]
     docs = [DOC] * 4
-    levels = [f(prompts=None, completions=completions, document=docs) for f in
-              (W.summary_length_reward, W.summary_ratio_reward, W.summary_style_reward)]
+    levels = [
+        f(prompts=None, completions=completions, document=docs)
+        for f in (W.summary_length_reward, W.summary_ratio_reward, W.summary_style_reward)
+    ]
     combined = W.summary_reward(prompts=None, completions=completions, document=docs, title=["t"] * 4)
     assert levels[0] == [1.0, 0.5, 1.0, 1.0]
     assert levels[1] == [1.0, 0.0, 0.0, 1.0]
@@ -313,10 +315,12 @@ def test_hub_source_column_mapping(monkeypatch):
 
     tldr = "SUBREDDIT: r/pets\n\nTITLE: Old cat stopped eating\n\nPOST: {}\n\nTL;DR:"
     posts = [f"My cat number {i} eats half of its food and hides under the bed." for i in range(40)]
-    fake = datasets.DatasetDict({
-        "train": datasets.Dataset.from_dict({"prompt": [tldr.format(p) for p in posts], "completion": ["x"] * 40}),
-        "validation": datasets.Dataset.from_dict({"prompt": [tldr.format("Held out post.")], "completion": ["y"]}),
-    })
+    fake = datasets.DatasetDict(
+        {
+            "train": datasets.Dataset.from_dict({"prompt": [tldr.format(p) for p in posts], "completion": ["x"] * 40}),
+            "validation": datasets.Dataset.from_dict({"prompt": [tldr.format("Held out post.")], "completion": ["y"]}),
+        }
+    )
     monkeypatch.setattr(datasets, "load_dataset", lambda name, *a, **k: fake)
     train = get_task("writing-summary").load_dataset("train", source="trl-lib/tldr", limit=5)
     assert len(train) == 5 and train[0]["document"] == posts[0]
@@ -352,7 +356,9 @@ def _source_words(doc: str, k: int) -> list[str]:
 
 def oracle_summary(row) -> list[str]:
     s = _source_words(row["document"], 16)
-    concise = f"In short, {s[0]}, {s[1]} and {s[2]} are the issue, but {s[3]} and {s[4]} matter too, so advice is wanted."
+    concise = (
+        f"In short, {s[0]}, {s[1]} and {s[2]} are the issue, but {s[3]} and {s[4]} matter too, so advice is wanted."
+    )
     detailed = (
         f"The post is about {s[0]} and {s[1]}. First, it describes {s[2]}, {s[3]} and {s[4]}. "
         f"However, {s[5]} and {s[6]} make things harder, because {s[7]} keeps changing. "
@@ -416,8 +422,15 @@ def test_trainer_runs_on_task(tmp_path, make_config, qwen_path, name, critic_typ
     data = spec.load_dataset("train")
     # The 4 shortest posts keep the centralized critic's view (both prompts) short and the test fast.
     shortest = sorted(range(len(data)), key=lambda i: len(data[i]["document"]))[:4]
-    args = make_config(tmp_path, agent_names=list(spec.agent_names), critic_type=critic_type,
-                       num_turns=spec.num_turns, response_length=8, total_episodes=4, num_ppo_epochs=1)
+    args = make_config(
+        tmp_path,
+        agent_names=list(spec.agent_names),
+        critic_type=critic_type,
+        num_turns=spec.num_turns,
+        response_length=8,
+        total_episodes=4,
+        num_ppo_epochs=1,
+    )
     tr = MultiAgentPPOTrainer(args=args, model=qwen_path, train_dataset=data.select(shortest), env=spec.make_env())
     out = tr.train()
     assert out.global_step == 1

@@ -8,8 +8,8 @@ import math
 
 import pytest
 import torch
-
 from conftest import RUN_SETTINGS
+
 from trl_collm import MultiAgentMCConfig, MultiAgentMCTrainer
 from trl_collm.tasks import get_task
 
@@ -89,8 +89,13 @@ def test_mc_trains_both_agents_on_task(tmp_path, qwen_path, name):
     assert turns == spec.num_turns
     ds = _dataset(name)
     args = MultiAgentMCConfig(
-        output_dir=str(tmp_path / "out"), agent_names=list(spec.agent_names), num_turns=turns,
-        per_device_train_batch_size=len(ds), total_episodes=len(ds), **MC_CPU, **extra,
+        output_dir=str(tmp_path / "out"),
+        agent_names=list(spec.agent_names),
+        num_turns=turns,
+        per_device_train_batch_size=len(ds),
+        total_episodes=len(ds),
+        **MC_CPU,
+        **extra,
     )
     trainer = MultiAgentMCTrainer(args=args, model=qwen_path, train_dataset=ds, env=_env(name))
     assert trainer.critic is None

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
 from trl_collm.testing import (
     DEFAULT_CORPUS,
@@ -16,8 +17,6 @@ from trl_collm.testing import (
     save_tiny_model,
     tiny_model_dir,
 )
-
-from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
 ARCHES = ["qwen2", "llama", "gpt2"]
 CODE = "def aux(x): return x + 1"

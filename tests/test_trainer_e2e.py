@@ -119,14 +119,20 @@ class _RecordingTokenizer:
         return getattr(self._tok, name)
 
 
-def test_heterogeneous_team_shares_one_centralized_critic(tmp_path, make_config, prompts_dataset, qwen_path, llama_path):
+def test_heterogeneous_team_shares_one_centralized_critic(
+    tmp_path, make_config, prompts_dataset, qwen_path, llama_path
+):
     from transformers import AutoTokenizer
 
     args = make_config(tmp_path, agent_names=["qw", "ll"])
-    tr = MultiAgentPPOTrainer(args=args, model=[qwen_path, llama_path], train_dataset=prompts_dataset, reward_funcs=varied_reward)
+    tr = MultiAgentPPOTrainer(
+        args=args, model=[qwen_path, llama_path], train_dataset=prompts_dataset, reward_funcs=varied_reward
+    )
     tq, tl = tr.team.tokenizers["qw"], tr.team.tokenizers["ll"]
     assert tq.get_vocab() != tl.get_vocab()
-    assert type(tr.team.policies["qw"]).__name__.startswith("Qwen2") and type(tr.team.policies["ll"]).__name__.startswith("Llama")
+    assert type(tr.team.policies["qw"]).__name__.startswith("Qwen2") and type(
+        tr.team.policies["ll"]
+    ).__name__.startswith("Llama")
     assert list(tr.critic.units) == ["central"]
     unit = tr.critic.units["central"]
     # The critic (built from the first agent's folder) has its own tokenizer: the qwen one, not the llama one.
@@ -163,7 +169,9 @@ def _lora():
 
 def _lora_trainer(tmp_path, make_config, ds, qwen_path, **cfg):
     args = make_config(tmp_path, num_agents=2, **cfg)
-    return MultiAgentPPOTrainer(args=args, model=qwen_path, peft_config=_lora(), train_dataset=ds, reward_funcs=varied_reward)
+    return MultiAgentPPOTrainer(
+        args=args, model=qwen_path, peft_config=_lora(), train_dataset=ds, reward_funcs=varied_reward
+    )
 
 
 def _base_params(team):
@@ -271,7 +279,7 @@ def test_shared_base_mixed_adapter_generation_matches_per_adapter(tmp_path, make
         # Reference: PEFT with only this adapter active and no per-row routing.
         ids, mask = team.encode(a, prompts, "cpu")
         with team.active(a) as m:
-            direct = m.generate(input_ids=ids, attention_mask=mask, **kwargs)[:, ids.shape[1]:]
+            direct = m.generate(input_ids=ids, attention_mask=mask, **kwargs)[:, ids.shape[1] :]
         g = joint[a]
         assert torch.equal(g.query_ids, alone.query_ids)
         width = g.response_ids.shape[1]
@@ -338,7 +346,9 @@ class ScriptedEnv(MultiAgentEnv):
         self.t += 1
         ScriptedEnv.calls.append((self.row["prompt"], self.t))
         reward = [1.0, 0.2] if self.t == self.row["stop"] else [1.0, 0.0]
-        return StepResult(reward=reward, observations=[f"turn {self.t} a", f"turn {self.t} b"], done=self.t >= self.row["done_at"])
+        return StepResult(
+            reward=reward, observations=[f"turn {self.t} a", f"turn {self.t} b"], done=self.t >= self.row["done_at"]
+        )
 
 
 # (stop, done_at) -> turns played with num_turns=3 and threshold 0.5
@@ -353,11 +363,13 @@ EPISODES = [
 
 
 def _scripted_dataset(episodes):
-    return Dataset.from_dict({
-        "prompt": [f"episode {i}" for i in range(len(episodes))],
-        "stop": [s for s, _, _ in episodes],
-        "done_at": [d for _, d, _ in episodes],
-    })
+    return Dataset.from_dict(
+        {
+            "prompt": [f"episode {i}" for i in range(len(episodes))],
+            "stop": [s for s, _, _ in episodes],
+            "done_at": [d for _, d, _ in episodes],
+        }
+    )
 
 
 def test_multiturn_early_termination_and_done(tmp_path, make_config, qwen_path):
@@ -458,7 +470,9 @@ def test_save_single_agent_like_trl_ppo(tmp_path, make_config, prompts_dataset, 
     tr.save_model(str(out_dir))
     assert (out_dir / "config.json").is_file() and (out_dir / "model.safetensors").is_file()
     _assert_same_weights(AutoModelForCausalLM.from_pretrained(out_dir), tr.team.policies["policy"])
-    _assert_same_weights(AutoModelForSequenceClassification.from_pretrained(out_dir / "critic"), tr.critic.units["central"].value_model)
+    _assert_same_weights(
+        AutoModelForSequenceClassification.from_pretrained(out_dir / "critic"), tr.critic.units["central"].value_model
+    )
     assert json.loads((out_dir / "team.json").read_text())["agent_folders"] == {"policy": "."}
 
 
@@ -474,7 +488,11 @@ class TwoTurnEnv(MultiAgentEnv):
 
     def step(self, completions):
         self.t += 1
-        return StepResult(reward=float(len(completions[0]) % 3), observations=[f"turn {self.t} a", f"turn {self.t} b"], done=self.t >= 2)
+        return StepResult(
+            reward=float(len(completions[0]) % 3),
+            observations=[f"turn {self.t} a", f"turn {self.t} b"],
+            done=self.t >= 2,
+        )
 
 
 def test_collm_preset_multiturn(tmp_path, make_config, prompts_dataset, qwen_path):
@@ -487,7 +505,9 @@ def test_collm_preset_multiturn(tmp_path, make_config, prompts_dataset, qwen_pat
     assert out.global_step == 2
     assert_all_trained(tr, agents_before, critics_before)
     assert out.metrics["objective/turns"] == pytest.approx(2.0)
-    assert_finite_metrics(out.metrics, ["loss/policy_avg", "loss/value_avg", "agent_0/objective/scores", "agent_1/objective/scores"])
+    assert_finite_metrics(
+        out.metrics, ["loss/policy_avg", "loss/value_avg", "agent_0/objective/scores", "agent_1/objective/scores"]
+    )
 
 
 def test_token_level_advantages_dc(tmp_path, make_config, prompts_dataset, qwen_path):
@@ -505,7 +525,9 @@ def test_token_level_advantages_dc(tmp_path, make_config, prompts_dataset, qwen_
     agents_before, critics_before = agent_snapshots(tr), critic_snapshots(tr)
     out = tr.train()
     assert_all_trained(tr, agents_before, critics_before)
-    assert_finite_metrics(out.metrics, ["loss/policy_avg", "loss/value_avg", "critic/agent_0/loss", "critic/agent_1/loss"])
+    assert_finite_metrics(
+        out.metrics, ["loss/policy_avg", "loss/value_avg", "critic/agent_0/loss", "critic/agent_1/loss"]
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -513,10 +535,13 @@ def test_token_level_advantages_dc(tmp_path, make_config, prompts_dataset, qwen_
 # ---------------------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("overrides", [
-    dict(preset="collm", critic_type="centralized"),  # REINFORCE rule, per-agent schedule
-    dict(critic_type="decentralized", num_ppo_epochs=1, policy_loss_type="ppo", kl_coef=0.0),  # PPO clip, joint
-])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        dict(preset="collm", critic_type="centralized"),  # REINFORCE rule, per-agent schedule
+        dict(critic_type="decentralized", num_ppo_epochs=1, policy_loss_type="ppo", kl_coef=0.0),  # PPO clip, joint
+    ],
+)
 def test_deferred_old_logprobs_match_the_scoring_pass(tmp_path, make_config, prompts_dataset, qwen_path, overrides):
     """Skipping the scoring forward must not change a single update: same weights and the same logged metrics as a
     run forced through the scoring pass (`_defer_old_logprobs` patched to False), and the trainer really took the
@@ -524,8 +549,9 @@ def test_deferred_old_logprobs_match_the_scoring_pass(tmp_path, make_config, pro
     runs = []
     for force in (False, True):
         args = make_config(tmp_path / str(force), learning_rate=1e-2, **overrides)
-        trainer = MultiAgentPPOTrainer(args=args, model=[qwen_path, qwen_path], train_dataset=prompts_dataset,
-                                       reward_funcs=varied_reward)
+        trainer = MultiAgentPPOTrainer(
+            args=args, model=[qwen_path, qwen_path], train_dataset=prompts_dataset, reward_funcs=varied_reward
+        )
         if force:
             trainer._defer_old_logprobs = lambda: False
         assert trainer._defer_old_logprobs() is (not force)
@@ -553,13 +579,19 @@ def test_deferred_old_logprobs_match_the_scoring_pass(tmp_path, make_config, pro
     assert logs_d[0]["objective/entropy"] > 0
 
 
-def test_old_logprob_pass_is_kept_when_weights_move_before_the_agents_forward(tmp_path, make_config, prompts_dataset, qwen_path):
+def test_old_logprob_pass_is_kept_when_weights_move_before_the_agents_forward(
+    tmp_path, make_config, prompts_dataset, qwen_path
+):
     """Several epochs, or a centralized critic head on an actor's backbone under the per-agent schedule (agent 1's
     critic step moves agent 2's backbone first), need the scoring pass."""
-    cases = [dict(num_ppo_epochs=2), dict(num_ppo_epochs=1, num_mini_batches=2),
-             dict(preset="collm", critic_placement="actor_head", critic_backbone_agent="player_2")]
+    cases = [
+        dict(num_ppo_epochs=2),
+        dict(num_ppo_epochs=1, num_mini_batches=2),
+        dict(preset="collm", critic_placement="actor_head", critic_backbone_agent="player_2"),
+    ]
     for i, overrides in enumerate(cases):
         args = make_config(tmp_path / str(i), agent_names=["player_1", "player_2"], **overrides)
-        trainer = MultiAgentPPOTrainer(args=args, model=[qwen_path, qwen_path], train_dataset=prompts_dataset,
-                                       reward_funcs=varied_reward)
+        trainer = MultiAgentPPOTrainer(
+            args=args, model=[qwen_path, qwen_path], train_dataset=prompts_dataset, reward_funcs=varied_reward
+        )
         assert trainer._defer_old_logprobs() is False, overrides

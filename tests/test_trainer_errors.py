@@ -29,34 +29,66 @@ def test_processing_class_list_of_wrong_length(tmp_path, make_config, prompts_da
 
     tok = AutoTokenizer.from_pretrained(qwen_path)
     with pytest.raises(ValueError, match=re.escape("`processing_class` has 1 entries but the team has 2 agents")):
-        MultiAgentPPOTrainer(args=make_config(tmp_path, num_agents=2), model=qwen_path, processing_class=[tok],
-                             train_dataset=prompts_dataset, reward_funcs=ok_reward)
+        MultiAgentPPOTrainer(
+            args=make_config(tmp_path, num_agents=2),
+            model=qwen_path,
+            processing_class=[tok],
+            train_dataset=prompts_dataset,
+            reward_funcs=ok_reward,
+        )
     with pytest.raises(ValueError, match=re.escape("`processing_class` has keys")):
-        MultiAgentPPOTrainer(args=make_config(tmp_path, num_agents=2), model=qwen_path, processing_class={"agent_0": tok},
-                             train_dataset=prompts_dataset, reward_funcs=ok_reward)
+        MultiAgentPPOTrainer(
+            args=make_config(tmp_path, num_agents=2),
+            model=qwen_path,
+            processing_class={"agent_0": tok},
+            train_dataset=prompts_dataset,
+            reward_funcs=ok_reward,
+        )
 
 
 def test_model_list_vs_num_agents(tmp_path, make_config, prompts_dataset, qwen_path):
     with pytest.raises(ValueError, match=re.escape("`model` lists 2 models but `num_agents`=3")):
-        MultiAgentPPOTrainer(args=make_config(tmp_path, num_agents=3), model=[qwen_path, qwen_path],
-                             train_dataset=prompts_dataset, reward_funcs=ok_reward)
+        MultiAgentPPOTrainer(
+            args=make_config(tmp_path, num_agents=3),
+            model=[qwen_path, qwen_path],
+            train_dataset=prompts_dataset,
+            reward_funcs=ok_reward,
+        )
     with pytest.raises(ValueError, match=re.escape("`model` lists 2 models but `agent_names` has 3 names")):
-        MultiAgentPPOTrainer(args=make_config(tmp_path, agent_names=["a", "b", "c"]), model=[qwen_path, qwen_path],
-                             train_dataset=prompts_dataset, reward_funcs=ok_reward)
+        MultiAgentPPOTrainer(
+            args=make_config(tmp_path, agent_names=["a", "b", "c"]),
+            model=[qwen_path, qwen_path],
+            train_dataset=prompts_dataset,
+            reward_funcs=ok_reward,
+        )
 
 
 def test_value_model_list_length_for_dc(tmp_path, make_config, prompts_dataset, qwen_path):
     args = make_config(tmp_path, num_agents=2, critic_type="decentralized")
     with pytest.raises(ValueError, match=re.escape("`value_model` has 1 entries but the team has 2 agents")):
-        MultiAgentPPOTrainer(args=args, model=qwen_path, value_model=[qwen_path], train_dataset=prompts_dataset, reward_funcs=ok_reward)
+        MultiAgentPPOTrainer(
+            args=args, model=qwen_path, value_model=[qwen_path], train_dataset=prompts_dataset, reward_funcs=ok_reward
+        )
     with pytest.raises(ValueError, match=re.escape("`value_model` has 3 entries but the team has 2 agents")):
-        MultiAgentPPOTrainer(args=args, model=qwen_path, value_model=[qwen_path] * 3, train_dataset=prompts_dataset, reward_funcs=ok_reward)
+        MultiAgentPPOTrainer(
+            args=args,
+            model=qwen_path,
+            value_model=[qwen_path] * 3,
+            train_dataset=prompts_dataset,
+            reward_funcs=ok_reward,
+        )
 
 
 def test_value_model_list_for_cc(tmp_path, make_config, prompts_dataset, qwen_path):
     args = make_config(tmp_path, num_agents=2)
     with pytest.raises(ValueError, match=re.escape("`value_model` lists 2")):
-        MultiAgentPPOTrainer(args=args, model=qwen_path, value_model=[qwen_path] * 2, train_dataset=prompts_dataset, reward_funcs=ok_reward)
+        MultiAgentPPOTrainer(
+            args=args,
+            model=qwen_path,
+            value_model=[qwen_path] * 2,
+            train_dataset=prompts_dataset,
+            reward_funcs=ok_reward,
+        )
 
 
 def test_value_model_with_wrong_number_of_outputs(tmp_path, make_config, prompts_dataset, qwen_path):
@@ -64,8 +96,13 @@ def test_value_model_with_wrong_number_of_outputs(tmp_path, make_config, prompts
 
     vm = AutoModelForSequenceClassification.from_pretrained(qwen_path, num_labels=1)  # CC per_agent_heads needs 2
     with pytest.raises(ValueError, match=re.escape("`value_model` for critic 'central' has 1 outputs")):
-        MultiAgentPPOTrainer(args=make_config(tmp_path, num_agents=2), model=qwen_path, value_model=vm,
-                             train_dataset=prompts_dataset, reward_funcs=ok_reward)
+        MultiAgentPPOTrainer(
+            args=make_config(tmp_path, num_agents=2),
+            model=qwen_path,
+            value_model=vm,
+            train_dataset=prompts_dataset,
+            reward_funcs=ok_reward,
+        )
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -95,7 +132,9 @@ def test_reward_list_of_wrong_length(tmp_path, make_config, prompts_dataset, qwe
         return [1.0] * (len(completions) - 1)
 
     tr = _trainer(tmp_path, make_config, prompts_dataset, qwen_path, short)
-    with pytest.raises(ValueError, match=re.escape("reward function 'short' returned 3 rewards but the batch has 4 episodes")):
+    with pytest.raises(
+        ValueError, match=re.escape("reward function 'short' returned 3 rewards but the batch has 4 episodes")
+    ):
         tr.rollout(rows_of(prompts_dataset))
 
 
@@ -126,7 +165,9 @@ def test_non_finite_env_reward(tmp_path, make_config, prompts_dataset, qwen_path
         def step(self, completions):
             return StepResult(reward=float("nan"), done=True)
 
-    tr = MultiAgentPPOTrainer(args=make_config(tmp_path, num_agents=2), model=qwen_path, train_dataset=prompts_dataset, env=NanEnv())
+    tr = MultiAgentPPOTrainer(
+        args=make_config(tmp_path, num_agents=2), model=qwen_path, train_dataset=prompts_dataset, env=NanEnv()
+    )
     with pytest.raises(ValueError, match=re.escape("NanEnv.step returned a non-finite reward nan")):
         tr.rollout(rows_of(prompts_dataset))
 
@@ -165,7 +206,9 @@ class CountEnv(MultiAgentEnv):
 def test_env_reset_wrong_number_of_observations(tmp_path, make_config, prompts_dataset, qwen_path):
     args = make_config(tmp_path, num_agents=2, num_turns=2)
     tr = MultiAgentPPOTrainer(args=args, model=qwen_path, train_dataset=prompts_dataset, env=CountEnv(reset_count=1))
-    with pytest.raises(ValueError, match=re.escape("CountEnv.reset returned 1 observations for episode 0; the team has 2 agents")):
+    with pytest.raises(
+        ValueError, match=re.escape("CountEnv.reset returned 1 observations for episode 0; the team has 2 agents")
+    ):
         tr.rollout(rows_of(prompts_dataset))
     with pytest.raises(ValueError, match=re.escape("CountEnv.reset returned 1 observations")):
         tr.train()
@@ -174,22 +217,36 @@ def test_env_reset_wrong_number_of_observations(tmp_path, make_config, prompts_d
 def test_env_step_wrong_number_of_observations(tmp_path, make_config, prompts_dataset, qwen_path):
     args = make_config(tmp_path, num_agents=2, num_turns=2)
     tr = MultiAgentPPOTrainer(args=args, model=qwen_path, train_dataset=prompts_dataset, env=CountEnv(step_count=3))
-    with pytest.raises(ValueError, match=re.escape("CountEnv.step returned 3 observations for episode 0; the team has 2 agents")):
+    with pytest.raises(
+        ValueError, match=re.escape("CountEnv.step returned 3 observations for episode 0; the team has 2 agents")
+    ):
         tr.rollout(rows_of(prompts_dataset))
 
 
 def test_env_agent_names_must_match_team(tmp_path, make_config, prompts_dataset, qwen_path):
     env = CountEnv()
     env.agent_names = ["bob", "alice"]
-    with pytest.raises(ValueError, match=re.escape("CountEnv.agent_names is ['bob', 'alice'] but the team's agents are ['alice', 'bob']")):
-        MultiAgentPPOTrainer(args=make_config(tmp_path, agent_names=["alice", "bob"], num_turns=2), model=qwen_path,
-                             train_dataset=prompts_dataset, env=env)
+    with pytest.raises(
+        ValueError,
+        match=re.escape("CountEnv.agent_names is ['bob', 'alice'] but the team's agents are ['alice', 'bob']"),
+    ):
+        MultiAgentPPOTrainer(
+            args=make_config(tmp_path, agent_names=["alice", "bob"], num_turns=2),
+            model=qwen_path,
+            train_dataset=prompts_dataset,
+            env=env,
+        )
 
 
 def test_env_and_reward_funcs_together(tmp_path, make_config, prompts_dataset, qwen_path):
     with pytest.raises(ValueError, match=re.escape("Pass either `env`")):
-        MultiAgentPPOTrainer(args=make_config(tmp_path, num_agents=2), model=qwen_path, train_dataset=prompts_dataset,
-                             env=CountEnv(), reward_funcs=ok_reward)
+        MultiAgentPPOTrainer(
+            args=make_config(tmp_path, num_agents=2),
+            model=qwen_path,
+            train_dataset=prompts_dataset,
+            env=CountEnv(),
+            reward_funcs=ok_reward,
+        )
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -204,21 +261,33 @@ def test_tokenizer_without_pad_token(tmp_path, make_config, prompts_dataset, qwe
     tok.pad_token = None
     assert tok.pad_token_id is None
     with pytest.raises(ValueError, match=re.escape("`processing_class` for agent 'agent_1' has no pad token")):
-        MultiAgentPPOTrainer(args=make_config(tmp_path, num_agents=2), model=qwen_path,
-                             processing_class=[AutoTokenizer.from_pretrained(qwen_path), tok],
-                             train_dataset=prompts_dataset, reward_funcs=ok_reward)
+        MultiAgentPPOTrainer(
+            args=make_config(tmp_path, num_agents=2),
+            model=qwen_path,
+            processing_class=[AutoTokenizer.from_pretrained(qwen_path), tok],
+            train_dataset=prompts_dataset,
+            reward_funcs=ok_reward,
+        )
 
 
 def test_empty_dataset(tmp_path, make_config, qwen_path):
     with pytest.raises(ValueError, match=re.escape("`train_dataset` is empty")):
-        MultiAgentPPOTrainer(args=make_config(tmp_path, num_agents=2), model=qwen_path,
-                             train_dataset=Dataset.from_dict({"prompt": []}), reward_funcs=ok_reward)
+        MultiAgentPPOTrainer(
+            args=make_config(tmp_path, num_agents=2),
+            model=qwen_path,
+            train_dataset=Dataset.from_dict({"prompt": []}),
+            reward_funcs=ok_reward,
+        )
 
 
 def test_dataset_smaller_than_a_batch(tmp_path, make_config, qwen_path):
     ds = Dataset.from_dict({"prompt": ["one", "two"]})
-    tr = MultiAgentPPOTrainer(args=make_config(tmp_path, num_agents=2), model=qwen_path, train_dataset=ds, reward_funcs=ok_reward)
-    with pytest.raises(ValueError, match=re.escape("`train_dataset` has 2 rows but one rollout batch takes local_batch_size=4")):
+    tr = MultiAgentPPOTrainer(
+        args=make_config(tmp_path, num_agents=2), model=qwen_path, train_dataset=ds, reward_funcs=ok_reward
+    )
+    with pytest.raises(
+        ValueError, match=re.escape("`train_dataset` has 2 rows but one rollout batch takes local_batch_size=4")
+    ):
         tr.train()
 
 
@@ -251,7 +320,10 @@ def test_num_agents_vs_agent_names(tmp_path, make_config):
         (dict(agent_names=["a", "critic"]), "`agent_names` ['critic'] cannot be used as folder names"),
         (dict(num_turns=0), "`num_turns` must be >= 1"),
         (dict(gamma=1.5), "`gamma` must be in [0, 1]"),
-        (dict(advantage_level="token", centralized_value="team"), "`advantage_level='token'` needs a value per agent token"),
+        (
+            dict(advantage_level="token", centralized_value="team"),
+            "`advantage_level='token'` needs a value per agent token",
+        ),
         (dict(policy_loss_type="reinforce", num_ppo_epochs=2), "`policy_loss_type='reinforce'` is on-policy"),
     ],
 )
@@ -263,7 +335,9 @@ def test_config_validation(tmp_path, make_config, overrides, match):
 def test_token_level_with_heterogeneous_team(tmp_path, make_config, prompts_dataset, qwen_path, llama_path):
     args = make_config(tmp_path, agent_names=["qw", "ll"], advantage_level="token")
     with pytest.raises(ValueError, match=re.escape("`advantage_level='token'` needs the critic to read agent 'll'")):
-        MultiAgentPPOTrainer(args=args, model=[qwen_path, llama_path], train_dataset=prompts_dataset, reward_funcs=ok_reward)
+        MultiAgentPPOTrainer(
+            args=args, model=[qwen_path, llama_path], train_dataset=prompts_dataset, reward_funcs=ok_reward
+        )
 
 
 def test_token_level_with_multiple_turns(tmp_path, make_config, prompts_dataset, qwen_path):
@@ -279,13 +353,22 @@ def test_shared_base_lora_rejects_peft_model(tmp_path, make_config, prompts_data
     lora = LoraConfig(r=4, target_modules=["q_proj", "v_proj"])
     peft_model = get_peft_model(AutoModelForCausalLM.from_pretrained(qwen_path), lora)
     with pytest.raises(ValueError, match=re.escape("`model` is already a PeftModel")):
-        MultiAgentPPOTrainer(args=make_config(tmp_path, num_agents=2), model=peft_model, peft_config=lora,
-                             train_dataset=prompts_dataset, reward_funcs=ok_reward)
+        MultiAgentPPOTrainer(
+            args=make_config(tmp_path, num_agents=2),
+            model=peft_model,
+            peft_config=lora,
+            train_dataset=prompts_dataset,
+            reward_funcs=ok_reward,
+        )
 
 
 def test_one_model_object_for_many_agents(tmp_path, make_config, prompts_dataset, qwen_path):
     from transformers import AutoModelForCausalLM
 
     with pytest.raises(ValueError, match=re.escape("`model` is one model object but the team has 2 agents")):
-        MultiAgentPPOTrainer(args=make_config(tmp_path, num_agents=2), model=AutoModelForCausalLM.from_pretrained(qwen_path),
-                             train_dataset=prompts_dataset, reward_funcs=ok_reward)
+        MultiAgentPPOTrainer(
+            args=make_config(tmp_path, num_agents=2),
+            model=AutoModelForCausalLM.from_pretrained(qwen_path),
+            train_dataset=prompts_dataset,
+            reward_funcs=ok_reward,
+        )

@@ -23,8 +23,13 @@ class CountingEnv(MultiAgentEnv):
 
 def test_evaluate_reports_exact_returns(tmp_path, qwen_path, prompts_dataset, make_config):
     args = make_config(tmp_path, num_agents=2, num_turns=2, per_device_eval_batch_size=3)
-    trainer = MultiAgentPPOTrainer(args=args, model=qwen_path, train_dataset=prompts_dataset,
-                                   eval_dataset=prompts_dataset.select(range(5)), env=CountingEnv())
+    trainer = MultiAgentPPOTrainer(
+        args=args,
+        model=qwen_path,
+        train_dataset=prompts_dataset,
+        eval_dataset=prompts_dataset.select(range(5)),
+        env=CountingEnv(),
+    )
     metrics = trainer.evaluate()
     assert metrics["eval_agent_0/return"] == 2.0
     assert metrics["eval_agent_1/return"] == 0.0
@@ -60,9 +65,25 @@ def test_trl_ppo_shape_single_agent_with_reward_value_and_ref_models(tmp_path, q
     assert args.advantage_level == "token"  # one agent: TRL's per-token semantics
     trainer.train()
     history = trainer._metrics_history
-    for key in ["objective/kl", "objective/entropy", "objective/non_score_reward", "objective/rlhf_reward", "objective/scores",
-                "policy/approxkl_avg", "policy/clipfrac_avg", "loss/policy_avg", "loss/value_avg", "val/clipfrac_avg",
-                "policy/entropy_avg", "val/ratio", "val/ratio_var", "val/num_eos_tokens", "lr", "episode", "eps"]:
+    for key in [
+        "objective/kl",
+        "objective/entropy",
+        "objective/non_score_reward",
+        "objective/rlhf_reward",
+        "objective/scores",
+        "policy/approxkl_avg",
+        "policy/clipfrac_avg",
+        "loss/policy_avg",
+        "loss/value_avg",
+        "val/clipfrac_avg",
+        "policy/entropy_avg",
+        "val/ratio",
+        "val/ratio_var",
+        "val/num_eos_tokens",
+        "lr",
+        "episode",
+        "eps",
+    ]:
         assert key in history[-1], key
     assert any(not torch.equal(a, b) for a, b in zip(policy_before, policy.parameters()))
     assert all(torch.equal(a, b) for a, b in zip(ref_before, ref.parameters()))
@@ -89,8 +110,12 @@ def test_value_normalisation_tracks_returns(tmp_path, qwen_path, prompts_dataset
 
 def test_param_groups_carry_agent_and_critic_learning_rates(tmp_path, qwen_path, prompts_dataset, make_config):
     args = make_config(tmp_path, agent_names=["a", "b"], learning_rate=1e-3, critic_learning_rate=5e-4)
-    trainer = MultiAgentPPOTrainer(args=args, model=qwen_path, train_dataset=prompts_dataset,
-                                   reward_funcs=lambda prompts, completions, **k: [1.0] * len(prompts))
+    trainer = MultiAgentPPOTrainer(
+        args=args,
+        model=qwen_path,
+        train_dataset=prompts_dataset,
+        reward_funcs=lambda prompts, completions, **k: [1.0] * len(prompts),
+    )
     groups = {g["name"]: g for g in trainer.param_groups()}
     assert set(groups) == {"a", "b", "critic/central"}
     assert groups["a"]["lr"] == 1e-3 and groups["critic/central"]["lr"] == 5e-4
@@ -102,8 +127,12 @@ def test_long_prompts_are_cut_to_the_context_with_a_warning(tmp_path, qwen_path,
     long_prompt = "the team writes the plan " * 40
     dataset = Dataset.from_dict({"prompt": [long_prompt] * 4})
     args = make_config(tmp_path, num_agents=2, max_prompt_length=12)
-    trainer = MultiAgentPPOTrainer(args=args, model=qwen_path, train_dataset=dataset,
-                                   reward_funcs=lambda prompts, completions, **k: [1.0] * len(prompts))
+    trainer = MultiAgentPPOTrainer(
+        args=args,
+        model=qwen_path,
+        train_dataset=dataset,
+        reward_funcs=lambda prompts, completions, **k: [1.0] * len(prompts),
+    )
     assert trainer.team.prompt_limits == {"agent_0": 12, "agent_1": 12}
     # the critic is cut to its own context (2048 positions for the tiny model), not to max_prompt_length
     assert trainer.critic.units["central"].max_tokens == 2048
@@ -117,16 +146,24 @@ def test_long_prompts_are_cut_to_the_context_with_a_warning(tmp_path, qwen_path,
 
 def test_default_prompt_limit_leaves_room_for_the_response(tmp_path, qwen_path, prompts_dataset, make_config):
     args = make_config(tmp_path, num_agents=2, response_length=6)
-    trainer = MultiAgentPPOTrainer(args=args, model=qwen_path, train_dataset=prompts_dataset,
-                                   reward_funcs=lambda prompts, completions, **k: [1.0] * len(prompts))
+    trainer = MultiAgentPPOTrainer(
+        args=args,
+        model=qwen_path,
+        train_dataset=prompts_dataset,
+        reward_funcs=lambda prompts, completions, **k: [1.0] * len(prompts),
+    )
     assert trainer.team.prompt_limits["agent_0"] == 2048 - 6
 
 
 def test_model_init_kwargs_reach_from_pretrained(tmp_path, qwen_path, prompts_dataset, make_config):
     args = make_config(tmp_path, num_agents=2, model_init_kwargs='{"dtype": "bfloat16"}')
     assert args.model_init_kwargs == {"dtype": "bfloat16"}
-    trainer = MultiAgentPPOTrainer(args=args, model=qwen_path, train_dataset=prompts_dataset,
-                                   reward_funcs=lambda prompts, completions, **k: [1.0] * len(prompts))
+    trainer = MultiAgentPPOTrainer(
+        args=args,
+        model=qwen_path,
+        train_dataset=prompts_dataset,
+        reward_funcs=lambda prompts, completions, **k: [1.0] * len(prompts),
+    )
     assert trainer.team.policies["agent_0"].dtype == torch.bfloat16
     assert next(trainer.critic.units["central"].value_model.parameters()).dtype == torch.bfloat16
 
@@ -139,9 +176,18 @@ def test_mc_missing_eos_penalty_lowers_returns(tmp_path):
 
     ended = [torch.tensor([True, False]), torch.tensor([False, False])]
     turn = {a: types.SimpleNamespace(gen=types.SimpleNamespace(ended=e)) for a, e in zip(["a", "b"], ended)}
-    tree = SampleTree(["a", "b"], [{}], [turn], [torch.ones(2, 2)], [torch.full((2,), -1)], [torch.zeros(2, dtype=torch.long)],
-                      [torch.zeros(2, dtype=torch.long)])
-    cfg = MultiAgentMCConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, missing_eos_penalty=0.5, baseline="none")
+    tree = SampleTree(
+        ["a", "b"],
+        [{}],
+        [turn],
+        [torch.ones(2, 2)],
+        [torch.full((2,), -1)],
+        [torch.zeros(2, dtype=torch.long)],
+        [torch.zeros(2, dtype=torch.long)],
+    )
+    cfg = MultiAgentMCConfig(
+        output_dir=str(tmp_path), use_cpu=True, bf16=False, missing_eos_penalty=0.5, baseline="none"
+    )
     adv = MultiAgentMCTrainer.advantages(types.SimpleNamespace(args=cfg), tree).advantages
     # agent a: sample 0 ended (1.0), sample 1 did not (0.5); agent b: neither ended (0.5, 0.5)
     assert torch.allclose(adv[0], torch.tensor([[1.0, 0.5], [0.5, 0.5]]))

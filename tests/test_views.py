@@ -28,9 +28,7 @@ def test_centralized_view_tags_every_agent():
 def test_centralized_view_with_joint_action_and_target():
     text = centralized_view(NAMES, ["ca", "cb"], actions=["x = 1", "y = 2"], target_agent="beta")
     assert text == (
-        "[alpha] ca\n\n[beta] cb"
-        "\n\n[joint action]\n[alpha action] x = 1\n[beta action] y = 2"
-        "\n\n[value for beta]"
+        "[alpha] ca\n\n[beta] cb\n\n[joint action]\n[alpha action] x = 1\n[beta action] y = 2\n\n[value for beta]"
     )
 
 
@@ -96,7 +94,9 @@ def test_dc_critic_views_never_contain_another_agents_text(tmp_path, make_config
 
 
 def test_cc_critic_views_contain_every_agents_context(tmp_path, make_config, prompts_dataset, qwen_path):
-    tr = _trainer(tmp_path, make_config, prompts_dataset, qwen_path, critic_type="centralized", critic_sees_joint_action=True)
+    tr = _trainer(
+        tmp_path, make_config, prompts_dataset, qwen_path, critic_type="centralized", critic_sees_joint_action=True
+    )
     roll = tr.rollout(_rows(prompts_dataset))
     cbs = tr.critic.batches(roll)
     turn = roll.turns[0]

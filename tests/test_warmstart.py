@@ -56,7 +56,9 @@ def test_tag_transcripts_mix_right_and_wrong_answers():
     for p in pairs:
         forum, subject = p["prompt"].split("Tags: ")[1].split("\n")[0].split(" / ")
         right.append(p["completion"].strip() == (forum if p["agent"] == "forum" else subject))
-    assert 0.3 < sum(right) / len(right) < 0.55  # own tag with probability 0.4 (plus a random tag that happens to be it)
+    assert (
+        0.3 < sum(right) / len(right) < 0.55
+    )  # own tag with probability 0.4 (plus a random tag that happens to be it)
 
 
 def test_config_errors_name_the_argument():
@@ -117,7 +119,9 @@ def test_sft_learns_the_transcripts(tags_warm):
     from trl_collm.warmstart import DEFAULT_DIMS
 
     held_out = tag_transcripts(replace(TAGS, seed=7), TAGS.resolved_noise())[:40]
-    before = build_causal_lm(build_tokenizer(), size="tiny", seed=TAGS.seed, **DEFAULT_DIMS)  # the model SFT started from
+    before = build_causal_lm(
+        build_tokenizer(), size="tiny", seed=TAGS.seed, **DEFAULT_DIMS
+    )  # the model SFT started from
     nll_before, nll_after = _completion_nll(before, held_out), _completion_nll(tags_warm, held_out)
     assert nll_before > 5.5  # about ln(512): uniform over the vocabulary
     assert nll_after < 0.6 * nll_before

@@ -33,12 +33,17 @@ def generation(responses):
         ids[k, : len(r)] = torch.tensor(r)
         mask[k, : len(r)] = True
     q = torch.full((len(responses), 2), 5, dtype=torch.long)
-    return Generation(q, torch.ones_like(q), ids, mask, [str(r) for r in responses], torch.zeros(len(responses), dtype=torch.bool))
+    return Generation(
+        q, torch.ones_like(q), ids, mask, [str(r) for r in responses], torch.zeros(len(responses), dtype=torch.bool)
+    )
 
 
 def reinforce_step(theta, responses, advantages, eta):
     """theta after one SGD step on mean_s -(sum_j log softmax(theta)[y_sj]) * A_s."""
     th = torch.tensor(theta)
     p = torch.softmax(th, 0)
-    grad = sum(-advantages[k] * (torch.bincount(torch.tensor(r), minlength=V).float() - len(r) * p) for k, r in enumerate(responses))
+    grad = sum(
+        -advantages[k] * (torch.bincount(torch.tensor(r), minlength=V).float() - len(r) * p)
+        for k, r in enumerate(responses)
+    )
     return th - eta * grad / len(responses)

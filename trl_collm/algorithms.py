@@ -223,9 +223,7 @@ def group_advantages(
 # --------------------------------------------------------------------------- #
 # advantages / returns
 # --------------------------------------------------------------------------- #
-def gae(
-    rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: float
-) -> tuple[Tensor, Tensor]:
+def gae(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: float) -> tuple[Tensor, Tensor]:
     """Generalised Advantage Estimation over the last dim of (B, T) tensors.
 
     The step after the last valid one is terminal (value 0): rollouts end there,
@@ -269,9 +267,7 @@ def kl_per_token(logprobs: Tensor, ref_logprobs: Tensor, estimator: str = "k1") 
     raise ValueError(f"kl_estimator must be one of {_KL_ESTIMATORS}, got {estimator!r}")
 
 
-def token_level_rewards(
-    scores: Tensor, kl: Tensor, response_mask: Tensor, kl_coef: float
-) -> tuple[Tensor, Tensor]:
+def token_level_rewards(scores: Tensor, kl: Tensor, response_mask: Tensor, kl_coef: float) -> tuple[Tensor, Tensor]:
     """Per-token PPO rewards: -kl_coef*kl everywhere valid, score at the last valid token.
 
     Returns (rewards, non_score_reward), both (B, L), in ``kl``'s dtype.

@@ -18,7 +18,9 @@ def resolve_agent_names(model, args) -> list[str]:
     if isinstance(model, dict):
         names = list(model.keys())
         if args.agent_names is not None and list(args.agent_names) != names:
-            raise ValueError(f"`model` is a dict with agents {names} but `agent_names`={args.agent_names}; make them agree.")
+            raise ValueError(
+                f"`model` is a dict with agents {names} but `agent_names`={args.agent_names}; make them agree."
+            )
         return names
     if isinstance(model, (list, tuple)):
         if args.agent_names is not None:
@@ -44,14 +46,20 @@ def per_agent(value, names: list[str], arg: str, replicate: bool = True) -> dict
         missing = [a for a in names if a not in value]
         extra = [k for k in value if k not in names]
         if missing or extra:
-            raise ValueError(f"`{arg}` has keys {list(value)} but the team is {names}; give exactly one entry per agent.")
+            raise ValueError(
+                f"`{arg}` has keys {list(value)} but the team is {names}; give exactly one entry per agent."
+            )
         return {a: value[a] for a in names}
     if isinstance(value, (list, tuple)):
         if len(value) != n:
-            raise ValueError(f"`{arg}` has {len(value)} entries but the team has {n} agents ({', '.join(names)}); give one per agent.")
+            raise ValueError(
+                f"`{arg}` has {len(value)} entries but the team has {n} agents ({', '.join(names)}); give one per agent."
+            )
         return dict(zip(names, value))
     if not replicate and value is not None and n > 1:
-        raise ValueError(f"`{arg}` is a single object but the team has {n} agents; pass a list or a dict with one per agent.")
+        raise ValueError(
+            f"`{arg}` is a single object but the team has {n} agents; pass a list or a dict with one per agent."
+        )
     return {a: value for a in names}
 
 
@@ -59,7 +67,9 @@ def load_tokenizer(source, agent: str):
     from transformers import AutoTokenizer
 
     if source is None:
-        raise ValueError(f"No tokenizer for agent {agent!r}: pass `processing_class` (one, a list, or a dict by agent name).")
+        raise ValueError(
+            f"No tokenizer for agent {agent!r}: pass `processing_class` (one, a list, or a dict by agent name)."
+        )
     tok = AutoTokenizer.from_pretrained(source) if isinstance(source, (str, os.PathLike)) else source
     check_tokenizer(tok, agent)
     return tok
@@ -106,14 +116,18 @@ def build_team(model, processing_class, ref_model, peft_config, args, names: lis
     shared = single_source and peft_config is not None and not isinstance(peft_config, (list, tuple, dict))
     if shared:
         if isinstance(model, PeftModel):
-            raise ValueError("`model` is already a PeftModel; pass the plain base model and `peft_config` to build the team's adapters.")
+            raise ValueError(
+                "`model` is already a PeftModel; pass the plain base model and `peft_config` to build the team's adapters."
+            )
         base = load_causal_lm(model, args.model_init_kwargs)
         base.requires_grad_(False)
         peft_model = get_peft_model(base, peft_config, adapter_name=names[0])
         for a in names[1:]:
             peft_model.add_adapter(a, peft_config)
         if ref_model is not None:
-            raise ValueError("A shared-base LoRA team uses the base (adapters disabled) as reference; pass `ref_model=None`.")
+            raise ValueError(
+                "A shared-base LoRA team uses the base (adapters disabled) as reference; pass `ref_model=None`."
+            )
         return AgentTeam(names, tokenizers, shared_base=peft_model)
 
     if single_source:

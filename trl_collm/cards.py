@@ -44,13 +44,17 @@ def base_models(trainer) -> dict[str, str | None]:
     return out
 
 
-def card_facts(trainer, model_name: str | None = None, dataset_name: str | None = None, tags=None,
-               task: str | None = None) -> dict:
+def card_facts(
+    trainer, model_name: str | None = None, dataset_name: str | None = None, tags=None, task: str | None = None
+) -> dict:
     """Everything the card says, gathered from a trainer (also what tests check)."""
     args = trainer.args
     desc = trainer.team_description()
-    name = model_name or (args.hub_model_id or "").rstrip("/").split("/")[-1] or os.path.basename(
-        os.path.normpath(args.output_dir))
+    name = (
+        model_name
+        or (args.hub_model_id or "").rstrip("/").split("/")[-1]
+        or os.path.basename(os.path.normpath(args.output_dir))
+    )
     tags = [tags] if isinstance(tags, str) else list(tags or [])
     critic = desc.get("critic", {}).get("type")
     return dict(
@@ -100,10 +104,12 @@ def team_card(facts: dict) -> str:
         _front_matter(facts),
         f"# {facts['model_name']}",
         "",
-        (f"A team of {n} language models trained together on {what} with "
-         f"[trl-collm](https://pypi.org/project/trl-collm/)'s `{facts['trainer']}`: {facts['algorithm_summary']}. "
-         "The agents act decentralized: each reads only its own prompt and writes its own answer; the critic is "
-         "needed for training only."),
+        (
+            f"A team of {n} language models trained together on {what} with "
+            f"[trl-collm](https://pypi.org/project/trl-collm/)'s `{facts['trainer']}`: {facts['algorithm_summary']}. "
+            "The agents act decentralized: each reads only its own prompt and writes its own answer; the critic is "
+            "needed for training only."
+        ),
         "",
         "## Agents",
         "",
@@ -112,10 +118,15 @@ def team_card(facts: dict) -> str:
     ]
     prompts = task.get("example_prompts", {})
     for a in facts["agents"]:
-        lines.append(f"| {a} | {_model_link(facts['base_models'].get(a))} | `{facts['agent_folders'][a]}` | "
-                     f"{_short(prompts.get(a, ''), 160).replace('|', '/')} |")
-    layout = ("LoRA adapters on one shared base model (load each with `PeftModel`)" if facts["layout"] == "shared_base"
-              else "separate full models (each loads with `AutoModelForCausalLM`)")
+        lines.append(
+            f"| {a} | {_model_link(facts['base_models'].get(a))} | `{facts['agent_folders'][a]}` | "
+            f"{_short(prompts.get(a, ''), 160).replace('|', '/')} |"
+        )
+    layout = (
+        "LoRA adapters on one shared base model (load each with `PeftModel`)"
+        if facts["layout"] == "shared_base"
+        else "separate full models (each loads with `AutoModelForCausalLM`)"
+    )
     lines += ["", f"Layout: {layout}.", "", "## Training", "", "| | |", "|---|---|"]
     task_row = f"`{task_name}`, " if task_name else ""
     task_row += f"environment `{task.get('env')}`"
@@ -127,8 +138,10 @@ def team_card(facts: dict) -> str:
     if "critic" in facts:
         c = facts["critic"]
         where = ", ".join(sorted({u["placement"] for u in c["units"].values()}))
-        lines.append(f"| critic | {c['type']}, value mode `{c['value_mode']}`, placement `{where}`, saved under "
-                     "`critic/` (not needed to run the team) |")
+        lines.append(
+            f"| critic | {c['type']}, value mode `{c['value_mode']}`, placement `{where}`, saved under "
+            "`critic/` (not needed to run the team) |"
+        )
     else:
         lines.append("| critic | none (Monte-Carlo baselines) |")
     lines.append(f"| turns per episode | {facts['num_turns']} |")
@@ -138,8 +151,11 @@ def team_card(facts: dict) -> str:
     gen = facts.get("generation", {})
     shown = {k: v for k, v in gen.items() if v is not None and k != "max_prompt_length"}
     if shown:
-        lines.append("| generation | " + ", ".join(f"{k}={v}" for k, v in shown.items())
-                     + " (recorded in `team.json`; `trl-collm eval` / `play` use them by default) |")
+        lines.append(
+            "| generation | "
+            + ", ".join(f"{k}={v}" for k, v in shown.items())
+            + " (recorded in `team.json`; `trl-collm eval` / `play` use them by default) |"
+        )
     rows = _metric_rows(facts.get("metrics") or {})
     if rows:
         lines += ["", "## Results", "", "Last logged training iteration:", "", "| metric | value |", "|---|---|", *rows]
@@ -151,9 +167,11 @@ def team_card(facts: dict) -> str:
             "",
             f"team = load_team({repo!r})  # a Hub repo id or a local folder",
             f"task = get_task({task_name!r})",
-            "rows = list(task.load_dataset(\"eval\", limit=4))",
-            (f"transcripts = play(team, task.make_env(), rows, num_turns={facts['num_turns']}, "
-             f"max_new_tokens={gen.get('response_length', 64)})"),
+            'rows = list(task.load_dataset("eval", limit=4))',
+            (
+                f"transcripts = play(team, task.make_env(), rows, num_turns={facts['num_turns']}, "
+                f"max_new_tokens={gen.get('response_length', 64)})"
+            ),
             "```",
             "",
             f"or from the command line: `trl-collm eval --team_dir <local folder> --task {task_name}`.",
@@ -163,13 +181,23 @@ def team_card(facts: dict) -> str:
             "",
             f"team = load_team({repo!r})  # a Hub repo id or a local folder",
             "# env: the trl_collm.MultiAgentEnv the team was trained with; rows: its dataset rows",
-            (f"transcripts = play(team, env, rows, num_turns={facts['num_turns']}, "
-             f"max_new_tokens={gen.get('response_length', 64)})"),
+            (
+                f"transcripts = play(team, env, rows, num_turns={facts['num_turns']}, "
+                f"max_new_tokens={gen.get('response_length', 64)})"
+            ),
             "```",
         ]
     lines += ["", "`team.json` describes the whole team (agents, folders, layout, critic, generation settings)."]
-    lines += ["", "## Framework versions", "", *_versions(), "", "## Citation", "",
-              f"The method: {PAPER}, [arXiv 2601.21972]({PAPER_URL})."]
+    lines += [
+        "",
+        "## Framework versions",
+        "",
+        *_versions(),
+        "",
+        "## Citation",
+        "",
+        f"The method: {PAPER}, [arXiv 2601.21972]({PAPER_URL}).",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -185,8 +213,9 @@ def _versions() -> list[str]:
     return out
 
 
-def write_team_card(trainer, model_name: str | None = None, dataset_name: str | None = None, tags=None,
-                    task: str | None = None) -> str:
+def write_team_card(
+    trainer, model_name: str | None = None, dataset_name: str | None = None, tags=None, task: str | None = None
+) -> str:
     """Write README.md (the team card) into the trainer's output_dir; returns its path."""
     path = os.path.join(trainer.args.output_dir, "README.md")
     os.makedirs(trainer.args.output_dir, exist_ok=True)

@@ -49,20 +49,31 @@ def user_errors(context: str = ""):
 
 @dataclass
 class TaskArguments:
-    task: str = field(default="coord-penalty", metadata={
-        "help": "A built-in task name (`trl-collm tasks` lists them) or your own task as MODULE:NAME or "
-                "path/to/file.py:NAME, NAME being a trl_collm.tasks.TaskSpec or a no-argument function returning one."})
+    task: str = field(
+        default="coord-penalty",
+        metadata={
+            "help": "A built-in task name (`trl-collm tasks` lists them) or your own task as MODULE:NAME or "
+            "path/to/file.py:NAME, NAME being a trl_collm.tasks.TaskSpec or a no-argument function returning one."
+        },
+    )
     task_options: str | None = field(
-        default=None, metadata={"help": "JSON dict of task options, e.g. '{\"turns\": 4}'."})
-    agent_models: list[str] | None = field(default=None, metadata={
-        "help": "One model path or Hub id per agent, in agent order (a mixed team: each agent its own model and "
-                "tokenizer); default: model_name_or_path for every agent."})
+        default=None, metadata={"help": "JSON dict of task options, e.g. '{\"turns\": 4}'."}
+    )
+    agent_models: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "One model path or Hub id per agent, in agent order (a mixed team: each agent its own model and "
+            "tokenizer); default: model_name_or_path for every agent."
+        },
+    )
     dataset_source: str | None = field(
-        default=None, metadata={"help": "The task's dataset source (a Hub dataset, or e.g. building targets 'I,L')."})
+        default=None, metadata={"help": "The task's dataset source (a Hub dataset, or e.g. building targets 'I,L')."}
+    )
     train_limit: int | None = field(default=None, metadata={"help": "Use at most this many training rows."})
     eval_limit: int | None = field(default=None, metadata={"help": "Use at most this many evaluation rows."})
     plot: bool = field(
-        default=True, metadata={"help": "Write learning_curve.png / .json into output_dir after training."})
+        default=True, metadata={"help": "Write learning_curve.png / .json into output_dir after training."}
+    )
 
 
 def _options(task_options) -> dict:
@@ -72,8 +83,10 @@ def _options(task_options) -> dict:
         try:
             opts = json.loads(task_options)
         except json.JSONDecodeError as e:
-            raise UsageError(f"--task_options {task_options!r} is not valid JSON ({e.msg}); pass a JSON object, "
-                             "e.g. '{\"turns\": 4}'") from e
+            raise UsageError(
+                f"--task_options {task_options!r} is not valid JSON ({e.msg}); pass a JSON object, "
+                "e.g. '{\"turns\": 4}'"
+            ) from e
     else:
         opts = dict(task_options)
     if not isinstance(opts, dict):
@@ -125,8 +138,10 @@ def _check_push(args) -> bool:
     from huggingface_hub import constants, get_token
 
     if constants.HF_HUB_OFFLINE:
-        raise UsageError("--push_to_hub needs the Hugging Face Hub, but HF_HUB_OFFLINE is set; unset it, or drop "
-                         "--push_to_hub and push the saved team later with trainer.push_to_hub()")
+        raise UsageError(
+            "--push_to_hub needs the Hugging Face Hub, but HF_HUB_OFFLINE is set; unset it, or drop "
+            "--push_to_hub and push the saved team later with trainer.push_to_hub()"
+        )
     if not (args.hub_token or get_token()):
         raise UsageError("--push_to_hub needs a Hub token: run `hf auth login`, set HF_TOKEN, or pass --hub_token")
     args.push_to_hub = False
@@ -138,9 +153,12 @@ def _check_report_to(args) -> None:
     import importlib.util
 
     if "tensorboard" in (args.report_to or []) and not any(
-            importlib.util.find_spec(m) for m in ("tensorboard", "tensorboardX")):
-        raise UsageError("--report_to tensorboard needs the tensorboard package: pip install 'trl-collm[tensorboard]' "
-                         "(or pass --report_to none)")
+        importlib.util.find_spec(m) for m in ("tensorboard", "tensorboardX")
+    ):
+        raise UsageError(
+            "--report_to tensorboard needs the tensorboard package: pip install 'trl-collm[tensorboard]' "
+            "(or pass --report_to none)"
+        )
 
 
 def train(kind: str, argv: list[str]) -> str:
@@ -149,8 +167,9 @@ def train(kind: str, argv: list[str]) -> str:
     from .configs import MultiAgentMCConfig, MultiAgentPPOConfig
     from .trainers import MultiAgentMCTrainer, MultiAgentPPOTrainer
 
-    config_cls, trainer_cls = ((MultiAgentPPOConfig, MultiAgentPPOTrainer) if kind == "ppo"
-                               else (MultiAgentMCConfig, MultiAgentMCTrainer))
+    config_cls, trainer_cls = (
+        (MultiAgentPPOConfig, MultiAgentPPOTrainer) if kind == "ppo" else (MultiAgentMCConfig, MultiAgentMCTrainer)
+    )
     prog = f"trl-collm {kind}"
     parser = TrlParser((TaskArguments, config_cls, ModelConfig), prog=prog)
     parser.error = _parser_error(prog)
@@ -166,32 +185,45 @@ def train(kind: str, argv: list[str]) -> str:
             same = num_agents == len(task.agent_names)
             args.agent_names = list(task.agent_names) if same else [f"agent_{i + 1}" for i in range(num_agents)]
         if task_args.agent_models and len(task_args.agent_models) != len(args.agent_names):
-            raise UsageError(f"--agent_models lists {len(task_args.agent_models)} model(s) for {len(args.agent_names)} "
-                             f"agents {args.agent_names}; give one model per agent, in that order")
+            raise UsageError(
+                f"--agent_models lists {len(task_args.agent_models)} model(s) for {len(args.agent_names)} "
+                f"agents {args.agent_names}; give one model per agent, in that order"
+            )
         # The episode length is the task's (or its `turns` / `num_turns` option); num_turns=1, the default, means
         # "the task's".
         task_turns = _task_turns(task, opts)
         if args.num_turns == 1:
             args.num_turns = task_turns
         elif args.num_turns != task_turns:
-            raise UsageError(f"--num_turns {args.num_turns} but task {task.name!r} runs {task_turns} turn(s); set its "
-                             "length with --task_options (e.g. '{\"num_turns\": 2}') instead")
-        init_kwargs = {k: v for k, v in (("dtype", model_args.dtype),
-                                         ("attn_implementation", model_args.attn_implementation),
-                                         ("revision", model_args.model_revision)) if v not in (None, "main")}
+            raise UsageError(
+                f"--num_turns {args.num_turns} but task {task.name!r} runs {task_turns} turn(s); set its "
+                "length with --task_options (e.g. '{\"num_turns\": 2}') instead"
+            )
+        init_kwargs = {
+            k: v
+            for k, v in (
+                ("dtype", model_args.dtype),
+                ("attn_implementation", model_args.attn_implementation),
+                ("revision", model_args.model_revision),
+            )
+            if v not in (None, "main")
+        }
         if init_kwargs:
             args.model_init_kwargs = {**init_kwargs, **(args.model_init_kwargs or {})}
         data_kwargs = dict(source=task_args.dataset_source, **opts)
         train_ds = _call_with_supported(task.load_dataset, split="train", limit=task_args.train_limit, **data_kwargs)
         eval_ds = _call_with_supported(task.load_dataset, split="eval", limit=task_args.eval_limit, **data_kwargs)
         # the trainer checks this only when train() starts; a user's mistake, said before any model loads
-        local_batch = args.per_device_train_batch_size * args.gradient_accumulation_steps * getattr(
-            args, "num_mini_batches", 1)
+        local_batch = (
+            args.per_device_train_batch_size * args.gradient_accumulation_steps * getattr(args, "num_mini_batches", 1)
+        )
         if len(train_ds) < local_batch:
-            raise UsageError(f"the training set has {len(train_ds)} rows (--train_limit {task_args.train_limit}) "
-                             f"but one rollout batch takes {local_batch} (--per_device_train_batch_size x "
-                             "--gradient_accumulation_steps x --num_mini_batches); lower the batch or raise "
-                             "--train_limit")
+            raise UsageError(
+                f"the training set has {len(train_ds)} rows (--train_limit {task_args.train_limit}) "
+                f"but one rollout batch takes {local_batch} (--per_device_train_batch_size x "
+                "--gradient_accumulation_steps x --num_mini_batches); lower the batch or raise "
+                "--train_limit"
+            )
         env = _call_with_supported(task.make_env, **opts)
         if task_args.agent_models:
             model = [_resolve_model(p) for p in task_args.agent_models]
@@ -204,8 +236,9 @@ def train(kind: str, argv: list[str]) -> str:
         resume = resolve(args.resume_from_checkpoint, args.output_dir)
         if resume is None:  # an earlier run's checkpoints: said here in one line, not as a traceback from train()
             refuse_to_clobber(args.output_dir, args.overwrite_output_dir)
-        trainer = trainer_cls(args=args, model=model, train_dataset=train_ds, eval_dataset=eval_ds, env=env,
-                              peft_config=peft_config)
+        trainer = trainer_cls(
+            args=args, model=model, train_dataset=train_ds, eval_dataset=eval_ds, env=env, peft_config=peft_config
+        )
     trainer.train(resume_from_checkpoint=resume)
     trainer.save_model(args.output_dir)
     model_name = os.path.basename(os.path.normpath(args.output_dir))
@@ -247,8 +280,11 @@ def write_curve(history: list[dict], output_dir: str, title: str) -> None:
 def _eval_parser(prog: str, play: bool):
     import argparse
 
-    p = argparse.ArgumentParser(prog=prog, description="Generation settings default to those the team was trained "
-                                "with (team.json); the flags override them.")
+    p = argparse.ArgumentParser(
+        prog=prog,
+        description="Generation settings default to those the team was trained "
+        "with (team.json); the flags override them.",
+    )
     p.add_argument("--team_dir", required=True, help="output_dir of a saved team (a local folder)")
     p.add_argument("--task", required=True, help="built-in task name, or your own as MODULE:NAME / FILE.py:NAME")
     p.add_argument("--task_options", default=None, help="JSON dict of task options")
@@ -260,13 +296,23 @@ def _eval_parser(prog: str, play: bool):
     p.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
     p.add_argument("--base_model", default=None, help="base model of a LoRA team (overrides team.json)")
     p.add_argument("--device", default=None)
-    p.add_argument("--use_transformers_continuous_batching", action="store_true",
-                   help="generate with transformers' continuous batching (generate_batch) instead of generate()")
-    p.add_argument("--transformers_continuous_batching_config", default=None,
-                   help="JSON dict for transformers' ContinuousBatchingConfig")
+    p.add_argument(
+        "--use_transformers_continuous_batching",
+        action="store_true",
+        help="generate with transformers' continuous batching (generate_batch) instead of generate()",
+    )
+    p.add_argument(
+        "--transformers_continuous_batching_config",
+        default=None,
+        help="JSON dict for transformers' ContinuousBatchingConfig",
+    )
     if play:
-        p.add_argument("--render", default=None, metavar="DIR",
-                       help="building game: write a PNG of the world after every turn into DIR")
+        p.add_argument(
+            "--render",
+            default=None,
+            metavar="DIR",
+            help="building game: write a PNG of the world after every turn into DIR",
+        )
     p.error = _parser_error(prog)
     return p
 
@@ -277,11 +323,15 @@ def _check_team_folder(team_dir: str, desc: dict) -> None:
         rel = desc.get("agent_folders", {}).get(a)
         folder = os.path.normpath(os.path.join(team_dir, rel)) if rel is not None else None
         if folder is None or not os.path.isdir(folder):
-            raise UsageError(f"--team_dir {team_dir}: team.json names agent {a!r} in folder {rel!r}, which is missing; "
-                             "pass the complete output_dir of a save_model() / training run")
+            raise UsageError(
+                f"--team_dir {team_dir}: team.json names agent {a!r} in folder {rel!r}, which is missing; "
+                "pass the complete output_dir of a save_model() / training run"
+            )
         if not any(os.path.isfile(os.path.join(folder, f)) for f in ("config.json", "adapter_config.json")):
-            raise UsageError(f"--team_dir {team_dir}: agent {a!r}'s folder {folder} has no config.json or "
-                             "adapter_config.json; pass the complete output_dir of a save_model() / training run")
+            raise UsageError(
+                f"--team_dir {team_dir}: agent {a!r}'s folder {folder} has no config.json or "
+                "adapter_config.json; pass the complete output_dir of a save_model() / training run"
+            )
 
 
 def check_team_fits_task(task, env, row: dict, desc: dict, team_dir: str, explicit_options: bool) -> None:
@@ -290,20 +340,25 @@ def check_team_fits_task(task, env, row: dict, desc: dict, team_dir: str, explic
     team_agents = list(desc["agents"])
     declared = getattr(env, "agent_names", None)
     if declared is not None and list(declared) != team_agents:
-        raise UsageError(f"the team in {team_dir} has agents {team_agents} but task {task.name!r} is played by "
-                         f"{list(declared)}; score a team trained on this task")
+        raise UsageError(
+            f"the team in {team_dir} has agents {team_agents} but task {task.name!r} is played by "
+            f"{list(declared)}; score a team trained on this task"
+        )
     with user_errors(f"task {task.name!r} could not start an episode to check the team: "):
         observations = env.clone().reset(row)
     if len(observations) != len(team_agents):
-        raise UsageError(f"task {task.name!r} has {len(observations)} agents but the team in {team_dir} has "
-                         f"{len(team_agents)} ({', '.join(team_agents)}); score a team trained on this task")
+        raise UsageError(
+            f"task {task.name!r} has {len(observations)} agents but the team in {team_dir} has "
+            f"{len(team_agents)} ({', '.join(team_agents)}); score a team trained on this task"
+        )
     trained_turns = desc.get("num_turns")
     if not explicit_options and trained_turns and trained_turns != task.num_turns:
         length = [k for k in ("num_turns", "turns") if k in (task.options or {})]
-        hint = (f"pass --task_options '{{\"{length[0]}\": {trained_turns}}}' to play it that long, or "
-                if length else "")
-        raise UsageError(f"the team in {team_dir} was trained for {trained_turns} turn(s) but task {task.name!r} "
-                         f"runs {task.num_turns}; {hint}score a team trained on this task")
+        hint = f"pass --task_options '{{\"{length[0]}\": {trained_turns}}}' to play it that long, or " if length else ""
+        raise UsageError(
+            f"the team in {team_dir} was trained for {trained_turns} turn(s) but task {task.name!r} "
+            f"runs {task.num_turns}; {hint}score a team trained on this task"
+        )
 
 
 def evaluate_team(argv: list[str], play_mode: bool = False):
@@ -312,8 +367,10 @@ def evaluate_team(argv: list[str], play_mode: bool = False):
     task = _get_task(opts_ns.task)
     opts = _options(opts_ns.task_options)
     if not os.path.isfile(os.path.join(opts_ns.team_dir, "team.json")):
-        raise UsageError(f"--team_dir {opts_ns.team_dir} has no team.json; pass the output_dir of a `trl-collm ppo` / "
-                         "`mc` run or of save_model()")
+        raise UsageError(
+            f"--team_dir {opts_ns.team_dir} has no team.json; pass the output_dir of a `trl-collm ppo` / "
+            "`mc` run or of save_model()"
+        )
     with user_errors():
         from .inference import read_team_file
 
@@ -323,8 +380,9 @@ def evaluate_team(argv: list[str], play_mode: bool = False):
         _check_renderable(task, opts)
     num_turns = _task_turns(task, opts) if opts else (desc.get("num_turns") or task.num_turns)
     with user_errors():
-        rows_ds = _call_with_supported(task.load_dataset, split=opts_ns.split, limit=opts_ns.limit,
-                                       source=opts_ns.dataset_source, **opts)
+        rows_ds = _call_with_supported(
+            task.load_dataset, split=opts_ns.split, limit=opts_ns.limit, source=opts_ns.dataset_source, **opts
+        )
         rows = [rows_ds[i] for i in range(len(rows_ds))]
         if not rows:
             raise UsageError(f"task {task.name!r} has no rows in split {opts_ns.split!r}; check --split / --limit")
@@ -343,8 +401,15 @@ def evaluate_team(argv: list[str], play_mode: bool = False):
     for a, limit in (gen.get("max_prompt_length") or {}).items():
         if a in team.names:
             team.prompt_limits[a] = limit
-    transcripts = play(team, env, rows, num_turns=num_turns, max_new_tokens=max_new_tokens, greedy=not opts_ns.sample,
-                       temperature=temperature)
+    transcripts = play(
+        team,
+        env,
+        rows,
+        num_turns=num_turns,
+        max_new_tokens=max_new_tokens,
+        greedy=not opts_ns.sample,
+        temperature=temperature,
+    )
     returns = [sum(t["return"]) / len(t["return"]) for t in transcripts]
     mean = sum(returns) / len(returns)
     if play_mode:
@@ -352,8 +417,10 @@ def evaluate_team(argv: list[str], play_mode: bool = False):
             print(f"=== episode {tr['episode']}  return per agent {tr['return']}")
             for turn in tr["turns"]:
                 for a, io in turn["agents"].items():
-                    print(f"--- turn {turn['turn'] + 1} [{a}] prompt:\n{io['prompt']}\n"
-                          f"--- [{a}] answer:\n{io['completion']}")
+                    print(
+                        f"--- turn {turn['turn'] + 1} [{a}] prompt:\n{io['prompt']}\n"
+                        f"--- [{a}] answer:\n{io['completion']}"
+                    )
                 print(f"--- turn {turn['turn'] + 1} reward {turn['reward']}")
         if opts_ns.render is not None:
             from .rendering import render_transcripts
@@ -371,8 +438,9 @@ def _check_renderable(task, opts: dict) -> None:
     with user_errors():
         env = _call_with_supported(task.make_env, **opts)
     if not callable(getattr(env, "render_png", None)):
-        raise UsageError(f"--render draws the building game; task {task.name!r} ({type(env).__name__}) has no "
-                         "render_png(path)")
+        raise UsageError(
+            f"--render draws the building game; task {task.name!r} ({type(env).__name__}) has no render_png(path)"
+        )
     import importlib.util
 
     if importlib.util.find_spec("matplotlib") is None:
@@ -384,8 +452,10 @@ def list_tasks_text() -> str:
     use your own."""
     from .tasks import BUILTIN_TASKS, IMPORT_PATH_HELP
 
-    lines = [f"{name:18s} {agents} agents, {turns} turn(s)  {desc}"
-             for name, (_, agents, turns, desc) in sorted(BUILTIN_TASKS.items())]
+    lines = [
+        f"{name:18s} {agents} agents, {turns} turn(s)  {desc}"
+        for name, (_, agents, turns, desc) in sorted(BUILTIN_TASKS.items())
+    ]
     lines += [
         "",
         f"Or {IMPORT_PATH_HELP}; e.g. trl-collm ppo --task my_tasks.py:TASK --model_name_or_path tiny --use_cpu true.",

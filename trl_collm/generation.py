@@ -25,7 +25,9 @@ import torch
 
 # The generation kwargs the continuous-batching path honours (transformers turns them into its per-request logits
 # processors). Anything else would be dropped silently by generate_batch, so it is refused instead.
-CB_SUPPORTED_KWARGS = frozenset({"max_new_tokens", "do_sample", "temperature", "top_p", "top_k", "pad_token_id", "eos_token_id"})
+CB_SUPPORTED_KWARGS = frozenset(
+    {"max_new_tokens", "do_sample", "temperature", "top_p", "top_k", "pad_token_id", "eos_token_id"}
+)
 
 
 class GenerateBackend:
@@ -33,8 +35,17 @@ class GenerateBackend:
 
     name = "generate"
 
-    def generate(self, model, ids: torch.Tensor, mask: torch.Tensor, gen_kwargs: dict, batch_size: int | None = None,
-                 adapter_names: list[str] | None = None, share_prefix: bool = False, use_adapter=None) -> torch.Tensor:
+    def generate(
+        self,
+        model,
+        ids: torch.Tensor,
+        mask: torch.Tensor,
+        gen_kwargs: dict,
+        batch_size: int | None = None,
+        adapter_names: list[str] | None = None,
+        share_prefix: bool = False,
+        use_adapter=None,
+    ) -> torch.Tensor:
         from .prefix import generate_with_prefix
 
         outs = []
@@ -62,12 +73,23 @@ class ContinuousBatchingBackend:
 
     def __init__(self, config: dict | None = None):
         if config is not None and not isinstance(config, dict):
-            raise TypeError(f"transformers_continuous_batching_config must be a dict (or JSON string), got {type(config).__name__}.")
+            raise TypeError(
+                f"transformers_continuous_batching_config must be a dict (or JSON string), got {type(config).__name__}."
+            )
         self.config = dict(config or {})
         _check_config_keys(self.config)
 
-    def generate(self, model, ids: torch.Tensor, mask: torch.Tensor, gen_kwargs: dict, batch_size: int | None = None,
-                 adapter_names: list[str] | None = None, share_prefix: bool = False, use_adapter=None) -> torch.Tensor:
+    def generate(
+        self,
+        model,
+        ids: torch.Tensor,
+        mask: torch.Tensor,
+        gen_kwargs: dict,
+        batch_size: int | None = None,
+        adapter_names: list[str] | None = None,
+        share_prefix: bool = False,
+        use_adapter=None,
+    ) -> torch.Tensor:
         unsupported = sorted(set(gen_kwargs) - CB_SUPPORTED_KWARGS)
         if unsupported:
             raise ValueError(
@@ -83,7 +105,7 @@ class ContinuousBatchingBackend:
             new = [None] * len(prompts)
             for name in dict.fromkeys(adapter_names):
                 rows = [i for i, a in enumerate(adapter_names) if a == name]
-                with (use_adapter(name) if use_adapter is not None else contextlib.nullcontext(model)) as m:
+                with use_adapter(name) if use_adapter is not None else contextlib.nullcontext(model) as m:
                     for i, tokens in zip(rows, self._generate_batch(m, [prompts[i] for i in rows], gen_kwargs)):
                         new[i] = tokens
         width = max((len(t) for t in new), default=0)
@@ -116,8 +138,11 @@ class ContinuousBatchingBackend:
             cb.setdefault("max_memory_percent", 0.5)
         was_training = inner.training
         outputs = inner.generate_batch(
-            prompts, generation_config=config, continuous_batching_config=ContinuousBatchingConfig(**cb),
-            progress_bar=False, max_new_tokens=max_new,
+            prompts,
+            generation_config=config,
+            continuous_batching_config=ContinuousBatchingConfig(**cb),
+            progress_bar=False,
+            max_new_tokens=max_new,
         )
         inner.train(was_training)
         results = list(outputs.values())

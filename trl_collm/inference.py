@@ -1,8 +1,8 @@
 """Run a trained team decentralized: no critic, each agent sees only its own observations, agents in parallel.
 
-    from trl_collm.inference import load_team, play
-    team = load_team("outputs/quickstart")          # a folder written by save_model()
-    episodes = play(team, env, rows, num_turns=1)   # transcripts and rewards
+from trl_collm.inference import load_team, play
+team = load_team("outputs/quickstart")          # a folder written by save_model()
+episodes = play(team, env, rows, num_turns=1)   # transcripts and rewards
 """
 
 from __future__ import annotations
@@ -15,8 +15,16 @@ from .team import AgentTeam
 
 
 @torch.no_grad()
-def play(team: AgentTeam, env, rows: list[dict], num_turns: int = 1, max_new_tokens: int = 64, greedy: bool = True,
-         temperature: float = 0.7, device=None) -> list[dict]:
+def play(
+    team: AgentTeam,
+    env,
+    rows: list[dict],
+    num_turns: int = 1,
+    max_new_tokens: int = 64,
+    greedy: bool = True,
+    temperature: float = 0.7,
+    device=None,
+) -> list[dict]:
     """Episodes run decentralized; returns one transcript per row: per turn each agent's prompt, answer, reward."""
     device = device or next(team.parameters()).device
     tok = team.tokenizers[team.names[0]]
@@ -32,7 +40,14 @@ def play(team: AgentTeam, env, rows: list[dict], num_turns: int = 1, max_new_tok
             if e not in ids:
                 continue
             k = ids.index(e)
-            turns.append({"turn": t, "reward": roll.rewards[e, t].tolist(),
-                          "agents": {a: {"prompt": turn[a].contexts[k], "completion": turn[a].gen.texts[k]} for a in team.names}})
+            turns.append(
+                {
+                    "turn": t,
+                    "reward": roll.rewards[e, t].tolist(),
+                    "agents": {
+                        a: {"prompt": turn[a].contexts[k], "completion": turn[a].gen.texts[k]} for a in team.names
+                    },
+                }
+            )
         transcripts.append({"episode": e, "return": roll.rewards[e].sum(0).tolist(), "turns": turns})
     return transcripts

@@ -29,9 +29,10 @@ def is_value_head_report(message: str) -> bool:
     rows = [m.groups() for m in map(_ROW.match, message.splitlines()) if m]
     if not rows or not any(status == "MISSING" for _, status in rows):
         return False
-    return all((status == "MISSING" and key.startswith("score."))
-               or (status == "UNEXPECTED" and key.startswith("lm_head."))
-               for key, status in rows)
+    return all(
+        (status == "MISSING" and key.startswith("score.")) or (status == "UNEXPECTED" and key.startswith("lm_head."))
+        for key, status in rows
+    )
 
 
 class ValueHeadReportFilter(logging.Filter):

@@ -11,8 +11,9 @@ def curve_title(task: str, kind: str, critic_type: str | None) -> str:
     return f"{task}: {kind} ({what})"
 
 
-def plot_learning_curve(history: list[dict], path: str, title: str = "", window: int = 5, x: str = "episode",
-                        y: str = "score") -> str:
+def plot_learning_curve(
+    history: list[dict], path: str, title: str = "", window: int = 5, x: str = "episode", y: str = "score"
+) -> str:
     """Plot `y` against `x` (raw points and a moving average) and save a PNG at `path`."""
     import matplotlib
 

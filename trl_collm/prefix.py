@@ -113,12 +113,25 @@ def split_common_prefix(ids: torch.Tensor, mask: torch.Tensor, keep: int, min_pr
     rest_mask = torch.where(in_rest, mask[:, offset:], torch.zeros_like(mask[:, offset:]))
     attention_mask = torch.cat([torch.ones(batch, p, dtype=mask.dtype, device=mask.device), rest_mask], dim=1)
     positions = position_ids_from_mask(attention_mask)
-    return SharedSplit(aligned[:1, :p], None, positions[:1, :p], None, rest_ids, attention_mask, positions[:, p:],
-                       saved_tokens=(batch - 1) * p)
+    return SharedSplit(
+        aligned[:1, :p],
+        None,
+        positions[:1, :p],
+        None,
+        rest_ids,
+        attention_mask,
+        positions[:, p:],
+        saved_tokens=(batch - 1) * p,
+    )
 
 
-def split_repeated_rows(ids: torch.Tensor, mask: torch.Tensor, keep: int, min_prefix: int = MIN_PREFIX_TOKENS,
-                        row_keys: torch.Tensor | None = None):
+def split_repeated_rows(
+    ids: torch.Tensor,
+    mask: torch.Tensor,
+    keep: int,
+    min_prefix: int = MIN_PREFIX_TOKENS,
+    row_keys: torch.Tensor | None = None,
+):
     """Cut a left-padded batch before its last `keep` columns when rows repeat there (the G samples of one prompt).
 
     The distinct heads (and keys) run once each; every row reads its head's cache. No re-layout: the columns stay
@@ -139,12 +152,27 @@ def split_repeated_rows(ids: torch.Tensor, mask: torch.Tensor, keep: int, min_pr
     saved = int(mask[:, :cut].sum()) - int(head_mask.sum())
     if saved < min_prefix:
         return None
-    return SharedSplit(distinct[:, :cut], head_mask, position_ids_from_mask(head_mask), index, ids[:, cut:], mask,
-                       position_ids_from_mask(mask)[:, cut:], saved_tokens=saved, head_keys=head_keys)
+    return SharedSplit(
+        distinct[:, :cut],
+        head_mask,
+        position_ids_from_mask(head_mask),
+        index,
+        ids[:, cut:],
+        mask,
+        position_ids_from_mask(mask)[:, cut:],
+        saved_tokens=saved,
+        head_keys=head_keys,
+    )
 
 
-def plan_split(ids: torch.Tensor, mask: torch.Tensor, keep: int, min_prefix: int = MIN_PREFIX_TOKENS,
-               row_keys: torch.Tensor | None = None, min_saved: int = 0):
+def plan_split(
+    ids: torch.Tensor,
+    mask: torch.Tensor,
+    keep: int,
+    min_prefix: int = MIN_PREFIX_TOKENS,
+    row_keys: torch.Tensor | None = None,
+    min_saved: int = 0,
+):
     """The cut that saves more tokens (common prefix or repeated rows), or None when neither saves `min_prefix`
     tokens, or `min_saved` (what the cut must save to pay for its extra model call: `min_saved_tokens(model)`).
 
@@ -200,7 +228,9 @@ def supports_prefix_cache(model: nn.Module) -> bool:
     text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
     if getattr(text, "is_encoder_decoder", False):
         return False
-    if getattr(text, "use_sliding_window", False) or any(t != "full_attention" for t in (getattr(text, "layer_types", None) or [])):
+    if getattr(text, "use_sliding_window", False) or any(
+        t != "full_attention" for t in (getattr(text, "layer_types", None) or [])
+    ):
         return False
     if getattr(text, "_attn_implementation", "eager") not in _ATTENTION_OK:
         return False
@@ -213,7 +243,7 @@ def _cache_keyword(model: nn.Module) -> str:
     return _cache_keyword_of(type(inner))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _cache_keyword_of(model_class: type) -> str:
     try:
         params = inspect.signature(model_class.forward).parameters
@@ -248,8 +278,16 @@ def _head_cache(model: nn.Module, split: SharedSplit, causal_lm: bool, **head_kw
     return cache
 
 
-def forward_last(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, keep: int, causal_lm: bool,
-                 min_prefix: int = MIN_PREFIX_TOKENS, enabled: bool = True, min_saved: int | None = None):
+def forward_last(
+    model: nn.Module,
+    ids: torch.Tensor,
+    mask: torch.Tensor,
+    keep: int,
+    causal_lm: bool,
+    min_prefix: int = MIN_PREFIX_TOKENS,
+    enabled: bool = True,
+    min_saved: int | None = None,
+):
     """Logits (causal_lm) or last hidden states of the last `keep` positions of a left-padded batch, (B, keep, ...).
 
     The same numbers as one plain forward over (ids, mask), computing what rows share once when that is expected to
@@ -276,9 +314,15 @@ def forward_last(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, keep: 
 
 
 @torch.no_grad()
-def generate_with_prefix(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, gen_kwargs: dict,
-                         min_prefix: int = MIN_PREFIX_TOKENS, enabled: bool = True,
-                         min_saved: int | None = None) -> torch.Tensor:
+def generate_with_prefix(
+    model: nn.Module,
+    ids: torch.Tensor,
+    mask: torch.Tensor,
+    gen_kwargs: dict,
+    min_prefix: int = MIN_PREFIX_TOKENS,
+    enabled: bool = True,
+    min_saved: int | None = None,
+) -> torch.Tensor:
     """`model.generate` on a left-padded batch, prefilling what its rows share once.
 
     Returns what `generate(input_ids=ids, attention_mask=mask)` returns: the prompt columns of `ids` followed by the
@@ -301,5 +345,7 @@ def generate_with_prefix(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor
     if cache is None:
         return model.generate(input_ids=ids, attention_mask=mask, **gen_kwargs)
     laid_out = split.layout_ids
-    out = model.generate(input_ids=laid_out, attention_mask=split.attention_mask, **{_cache_keyword(model): cache}, **gen_kwargs)
-    return torch.cat([ids, out[:, laid_out.shape[1]:]], dim=1)
+    out = model.generate(
+        input_ids=laid_out, attention_mask=split.attention_mask, **{_cache_keyword(model): cache}, **gen_kwargs
+    )
+    return torch.cat([ids, out[:, laid_out.shape[1] :]], dim=1)

@@ -218,7 +218,9 @@ def run_tree(
     for t in range(num_turns):
         if not episodes:
             break
-        turn, step = _play_turn(team, env, observations, episodes, histories, agent_context, t, torch.arange(len(episodes)), generate)
+        turn, step = _play_turn(
+            team, env, observations, episodes, histories, agent_context, t, torch.arange(len(episodes)), generate
+        )
         tree.turns.append(turn)
         rewards = step.rewards.float().cpu()
         tree.rewards.append(rewards)
@@ -279,7 +281,7 @@ def run_cross(
             picks = list(itertools.product(range(G), repeat=n))
         else:
             flat = torch.randperm(total, generator=generator)[:max_combinations].tolist()
-            picks = [tuple((f // G**(n - 1 - i)) % G for i in range(n)) for f in flat]
+            picks = [tuple((f // G ** (n - 1 - i)) % G for i in range(n)) for f in flat]
         combos += [(e, p) for p in picks]
     env.reset_batch([rows[e] for e, _ in combos], n, names)
     completions = [[gens[a].texts[e * G + p[i]] for i, a in enumerate(names)] for e, p in combos]
@@ -294,4 +296,6 @@ def run_cross(
     turn = {a: AgentTurn(a, 0, ids, prompts[a], contexts[a], gens[a]) for a in names}
     credit = torch.where(counts > 0, sums / counts.clamp(min=1), torch.zeros_like(sums))
     rows_t = torch.tensor(sample_rows, dtype=torch.long)
-    return SampleTree(list(names), list(rows), [turn], [credit], [torch.full((E * G,), -1)], [rows_t], [rows_t], [counts > 0])
+    return SampleTree(
+        list(names), list(rows), [turn], [credit], [torch.full((E * G,), -1)], [rows_t], [rows_t], [counts > 0]
+    )

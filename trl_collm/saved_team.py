@@ -26,8 +26,9 @@ def agent_folder(name: str, num_agents: int) -> str:
     return "." if num_agents == 1 else name
 
 
-def describe_team(team: AgentTeam, trainer: str, num_turns: int, preset: str | None, critic=None,
-                  generation: dict | None = None) -> dict:
+def describe_team(
+    team: AgentTeam, trainer: str, num_turns: int, preset: str | None, critic=None, generation: dict | None = None
+) -> dict:
     """The contents of team.json (`generation`: the sampling settings the team was trained with)."""
     desc = {
         "format": FORMAT,
@@ -79,7 +80,9 @@ def read_team_file(folder: str) -> dict:
         with open(path) as f:
             desc = json.load(f)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path!r} is not valid JSON ({e}); re-save the team with save_model() or restore the file.") from None
+        raise ValueError(
+            f"{path!r} is not valid JSON ({e}); re-save the team with save_model() or restore the file."
+        ) from None
     _check_description(desc, path)
     return desc
 
@@ -103,8 +106,9 @@ def _check_description(desc, path: str) -> None:
         raise ValueError(f"{path!r}: 'agent_folders' has no folder for agents {missing}; {fix}.")
 
 
-def load_team(folder: str, base_model: str | None = None, device: str | torch.device | None = None,
-              dtype=None) -> AgentTeam:
+def load_team(
+    folder: str, base_model: str | None = None, device: str | torch.device | None = None, dtype=None
+) -> AgentTeam:
     """Rebuild the agents of a saved team (a local folder or a Hub repo id; full models or LoRA adapters on their
     base) for decentralized inference.
 

@@ -71,7 +71,9 @@ class AgentTeam(nn.Module):
     ):
         super().__init__()
         if (policies is None) == (shared_base is None):
-            raise ValueError("AgentTeam needs exactly one of `policies` (separate models) or `shared_base` (LoRA adapters).")
+            raise ValueError(
+                "AgentTeam needs exactly one of `policies` (separate models) or `shared_base` (LoRA adapters)."
+            )
         self.names = list(names)
         self.tokenizers = dict(tokenizers)
         self.layout = "shared_base" if shared_base is not None else "separate"
@@ -140,7 +142,13 @@ class AgentTeam(nn.Module):
                 ids = tok(obs, add_special_tokens=False)["input_ids"]
             else:
                 ids = list(obs)
-            rows.append(truncate_left(ids, max_length if max_length is not None else self.prompt_limits.get(name), f"agent {name!r} prompt"))
+            rows.append(
+                truncate_left(
+                    ids,
+                    max_length if max_length is not None else self.prompt_limits.get(name),
+                    f"agent {name!r} prompt",
+                )
+            )
         return _left_pad(rows, self.pad_id(name), device)
 
     def pad_id(self, name: str) -> int:
@@ -184,13 +192,14 @@ class AgentTeam(nn.Module):
             adapter_names = [n for n in names for _ in range(len(observations[n]))]
             with unwrap(self.shared_base) as model:
                 kwargs = dict(gen_kwargs, pad_token_id=self.pad_id(self.names[0]))  # finished rows feed it back in
-                out = self.generation_backend.generate(model, ids, mask, kwargs, batch_size, adapter_names,
-                                                       self.share_prefix, use_adapter=self.active)
+                out = self.generation_backend.generate(
+                    model, ids, mask, kwargs, batch_size, adapter_names, self.share_prefix, use_adapter=self.active
+                )
             result, start = {}, 0
             for n in names:
                 count = len(observations[n])
                 rows = slice(start, start + count)
-                result[n] = self._finish(n, ids[rows], mask[rows], out[rows, ids.shape[1]:], stop_token_id)
+                result[n] = self._finish(n, ids[rows], mask[rows], out[rows, ids.shape[1] :], stop_token_id)
                 # Each agent's own prompt padding may be shorter than the joint one; trim the shared left padding.
                 result[n] = _trim_left(result[n])
                 start += count
@@ -203,7 +212,7 @@ class AgentTeam(nn.Module):
             with unwrap(self.policies[n]) as model:
                 kwargs = dict(gen_kwargs, pad_token_id=self.pad_id(n))  # finished rows feed it back in
                 out = self.generation_backend.generate(model, ids, mask, kwargs, batch_size, None, self.share_prefix)
-            result[n] = self._finish(n, ids, mask, out[:, ids.shape[1]:], stop_token_id)
+            result[n] = self._finish(n, ids, mask, out[:, ids.shape[1] :], stop_token_id)
         return result
 
     def _finish(self, name, query_ids, query_mask, response_ids, stop_token_id) -> Generation:
@@ -216,7 +225,8 @@ class AgentTeam(nn.Module):
         ended = is_stop.any(-1)
         response_ids = response_ids.masked_fill(~response_mask, self.pad_id(name))
         texts = [
-            tok.decode(r[m & (r != stop)].tolist(), skip_special_tokens=True) for r, m in zip(response_ids, response_mask)
+            tok.decode(r[m & (r != stop)].tolist(), skip_special_tokens=True)
+            for r, m in zip(response_ids, response_mask)
         ]
         return Generation(query_ids, query_mask, response_ids, response_mask, texts, ended)
 
@@ -296,7 +306,10 @@ def truncate_left(ids: list[int], limit: int | None, what: str) -> list[int]:
     """Keep the last `limit` tokens (the end holds the latest turn), with a warning: a cut prompt is worth knowing."""
     if limit is None or len(ids) <= limit:
         return ids
-    warnings.warn(f"{what} has {len(ids)} tokens; keeping the last {limit} (max_prompt_length / the model's context).", stacklevel=2)
+    warnings.warn(
+        f"{what} has {len(ids)} tokens; keeping the last {limit} (max_prompt_length / the model's context).",
+        stacklevel=2,
+    )
     return ids[-limit:]
 
 
@@ -321,8 +334,8 @@ def _left_pad(rows: list[list[int]], pad_id: int, device):
     mask = torch.zeros((len(rows), width), dtype=torch.long)
     for i, r in enumerate(rows):
         if r:
-            ids[i, width - len(r):] = torch.tensor(r, dtype=torch.long)
-            mask[i, width - len(r):] = 1
+            ids[i, width - len(r) :] = torch.tensor(r, dtype=torch.long)
+            mask[i, width - len(r) :] = 1
     return ids.to(device), mask.to(device)
 
 

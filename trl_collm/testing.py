@@ -59,9 +59,28 @@ _MAX_LEN = 2048
 # Corpus
 # --------------------------------------------------------------------------------------
 
-_ONES = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine",
-         "ten", "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen",
-         "seventeen", "eighteen", "nineteen"]
+_ONES = [
+    "zero",
+    "one",
+    "two",
+    "three",
+    "four",
+    "five",
+    "six",
+    "seven",
+    "eight",
+    "nine",
+    "ten",
+    "eleven",
+    "twelve",
+    "thirteen",
+    "fourteen",
+    "fifteen",
+    "sixteen",
+    "seventeen",
+    "eighteen",
+    "nineteen",
+]
 _TENS = ["", "", "twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety"]
 
 
@@ -82,11 +101,9 @@ def _make_corpus() -> list[str]:
     for n in range(0, 100, 3):
         lines.append(f"{_spell(n)} plus one is {_spell(n + 1) if n < 99 else 'one hundred'}.")
 
-    agents = ["the planner", "the coder", "the critic", "the writer", "the helper", "agent one",
-              "agent two"]
+    agents = ["the planner", "the coder", "the critic", "the writer", "the helper", "agent one", "agent two"]
     verbs = ["writes", "checks", "fixes", "reads", "builds", "tests", "shares"]
-    things = ["the plan", "the code", "a short story", "the answer", "the summary", "a function",
-              "the reward"]
+    things = ["the plan", "the code", "a short story", "the answer", "the summary", "a function", "the reward"]
     # A fixed stride walk over the product keeps the set deterministic but varied.
     for i in range(120):
         a = agents[i % len(agents)]
@@ -242,12 +259,18 @@ def build_family_tokenizer(family: str, vocab_size: int = 512) -> PreTrainedToke
     raw = Tokenizer(models.BPE(unk_token=unk))
     raw.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
     raw.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.Fuse(), decoders.Strip(" ", 1, 0)])
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=2, special_tokens=[unk, bos, eos],
-                                  show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, min_frequency=2, special_tokens=[unk, bos, eos], show_progress=False
+    )
     raw.train_from_iterator(DEFAULT_CORPUS, trainer=trainer)
     return PreTrainedTokenizerFast(
-        tokenizer_object=raw, unk_token=unk, bos_token=bos, eos_token=eos, padding_side="left",
-        model_max_length=_MAX_LEN, clean_up_tokenization_spaces=False,
+        tokenizer_object=raw,
+        unk_token=unk,
+        bos_token=bos,
+        eos_token=eos,
+        padding_side="left",
+        model_max_length=_MAX_LEN,
+        clean_up_tokenization_spaces=False,
     )
 
 
@@ -256,16 +279,20 @@ def build_family_tokenizer(family: str, vocab_size: int = 512) -> PreTrainedToke
 # --------------------------------------------------------------------------------------
 
 MODEL_SIZES = {
-    "tiny": dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                 intermediate_size=64),
-    "small": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4,
-                  intermediate_size=688),
+    "tiny": dict(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64
+    ),
+    "small": dict(
+        hidden_size=256, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4, intermediate_size=688
+    ),
     # About 45M parameters: big enough that model memory dominates the process (memory benchmark).
-    "medium": dict(hidden_size=768, num_hidden_layers=6, num_attention_heads=12, num_key_value_heads=4,
-                   intermediate_size=2048),
+    "medium": dict(
+        hidden_size=768, num_hidden_layers=6, num_attention_heads=12, num_key_value_heads=4, intermediate_size=2048
+    ),
     # About 0.48B parameters (most in the 24 blocks; the vocabulary is tiny): the GPU throughput figure's size.
-    "0.5b": dict(hidden_size=1152, num_hidden_layers=24, num_attention_heads=16, num_key_value_heads=8,
-                 intermediate_size=4608),
+    "0.5b": dict(
+        hidden_size=1152, num_hidden_layers=24, num_attention_heads=16, num_key_value_heads=8, intermediate_size=4608
+    ),
 }
 
 _ARCHES = {
@@ -383,7 +410,12 @@ def save_tiny_model(
     root = Path(root).expanduser()
     target = root / name
     stamp = dict(
-        factory_version=_FACTORY_VERSION, arch=arch, size=size, flavor=flavor, kind=kind, seed=seed,
+        factory_version=_FACTORY_VERSION,
+        arch=arch,
+        size=size,
+        flavor=flavor,
+        kind=kind,
+        seed=seed,
         num_labels=num_labels if kind == "value" else None,
     )
     if family is not None:  # a tokenizer family decides the arch and the spare embedding rows

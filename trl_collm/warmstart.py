@@ -55,8 +55,14 @@ SUPPORTED_TASKS = ("building-str", "writing-tags")
 
 # qwen2, 64 wide, 2 layers (~0.16M parameters): learns the command format in a few minutes on one CPU core.
 # 4,096 positions: a builder's prompt is up to ~1,150 tokens and CC's joint view holds both builders' prompts.
-DEFAULT_DIMS = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                    intermediate_size=192, max_position_embeddings=4096)
+DEFAULT_DIMS = dict(
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=192,
+    max_position_embeddings=4096,
+)
 
 
 @dataclass
@@ -99,13 +105,16 @@ class WarmStartConfig:
 
     def resolved_noise(self):
         if self.task not in NOISES:
-            raise ValueError(f"warm start: task {self.task!r} has no transcript generator; choose one of {SUPPORTED_TASKS}")
+            raise ValueError(
+                f"warm start: task {self.task!r} has no transcript generator; choose one of {SUPPORTED_TASKS}"
+            )
         return NOISES[self.task](**self.noise)
 
     def fingerprint(self) -> str:
         # the resolved noise, so that {} and the spelled-out defaults are the same warm start
-        blob = json.dumps(dict(asdict(self), noise=asdict(self.resolved_noise()), version=WARMSTART_VERSION),
-                          sort_keys=True)
+        blob = json.dumps(
+            dict(asdict(self), noise=asdict(self.resolved_noise()), version=WARMSTART_VERSION), sort_keys=True
+        )
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -137,7 +146,9 @@ def _expert_turn(rng: random.Random, env, agent: str, plan: dict, turns_left: in
             c = rng.choice(free)
             lines.insert(rng.randrange(len(lines) + 1), f"/setblock {c[0]} {c[1]} {c[2]} {rng.choice(palette)}")
     if rng.random() < noise.out_of_bounds:
-        x, y = (w + rng.randrange(4), rng.randrange(h)) if rng.random() < 0.5 else (rng.randrange(w), h + rng.randrange(3))
+        x, y = (
+            (w + rng.randrange(4), rng.randrange(h)) if rng.random() < 0.5 else (rng.randrange(w), h + rng.randrange(3))
+        )
         lines.insert(rng.randrange(len(lines) + 1), f"/setblock {x} {y} 0 {rng.choice(palette)}")
     budget = env.active_budget
     return "\n".join(lines[:budget] if budget is not None else lines)
@@ -165,8 +176,15 @@ def tag_transcripts(cfg: WarmStartConfig, noise: TagNoise) -> list[dict]:
         for i, agent in enumerate(AGENT_NAMES):
             pick = rng.choices(("own", "other", "random"), weights)[0]
             tag = tags[agent] if pick == "own" else tags[AGENT_NAMES[1 - i]] if pick == "other" else rng.choice(every)
-            pairs.append({"prompt": tag_prompt(row, agent), "completion": f" {tag}", "agent": agent, "turn": 0,
-                          "target": row["id"]})
+            pairs.append(
+                {
+                    "prompt": tag_prompt(row, agent),
+                    "completion": f" {tag}",
+                    "agent": agent,
+                    "turn": 0,
+                    "target": row["id"],
+                }
+            )
     return pairs
 
 
@@ -191,8 +209,10 @@ def building_transcripts(cfg: WarmStartConfig, noise: BuildingNoise | None = Non
         plans = {a: {c: b for c, (b, owner) in oracle.cells.items() if owner == a} for a in env.agent_names}
         for t in range(env.num_turns):
             texts = [_expert_turn(rng, env, a, plans[a], env.num_turns - t, noise) for a in env.agent_names]
-            pairs += [{"prompt": o, "completion": c, "agent": a, "turn": t, "target": text}
-                      for a, o, c in zip(env.agent_names, observations, texts)]
+            pairs += [
+                {"prompt": o, "completion": c, "agent": a, "turn": t, "target": text}
+                for a, o, c in zip(env.agent_names, observations, texts)
+            ]
             step = env.step(texts)
             if step.done:
                 break
@@ -211,8 +231,9 @@ def _stamp_matches(folder: Path, stamp: dict) -> bool:
         return False
 
 
-def make_warm_start(out: str | os.PathLike, cfg: WarmStartConfig | None = None, *, progress: bool = True,
-                    force: bool = False) -> str:
+def make_warm_start(
+    out: str | os.PathLike, cfg: WarmStartConfig | None = None, *, progress: bool = True, force: bool = False
+) -> str:
     """Build (or reuse) the warm-start model folder `out`; returns its path.
 
     Reused untouched when `out` holds a folder whose fingerprint matches `cfg`; otherwise the transcripts are made,
@@ -235,18 +256,33 @@ def make_warm_start(out: str | os.PathLike, cfg: WarmStartConfig | None = None, 
     model = build_causal_lm(tokenizer, arch="qwen2", size="tiny", seed=cfg.seed, **dims)
     longest = max(len(tokenizer(p["prompt"] + p["completion"], add_special_tokens=False)["input_ids"]) for p in pairs)
     if longest + 1 > dims["max_position_embeddings"]:
-        raise ValueError(f"warm start: a transcript has {longest} tokens, more than the model's "
-                         f"{dims['max_position_embeddings']} positions; raise dims['max_position_embeddings']")
+        raise ValueError(
+            f"warm start: a transcript has {longest} tokens, more than the model's "
+            f"{dims['max_position_embeddings']} positions; raise dims['max_position_embeddings']"
+        )
     data = Dataset.from_list([{"prompt": p["prompt"], "completion": p["completion"]} for p in pairs])
     out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
         args = SFTConfig(
-            output_dir=str(work / "trainer"), max_length=longest + 1, completion_only_loss=True,
-            per_device_train_batch_size=cfg.batch_size, num_train_epochs=cfg.epochs, learning_rate=cfg.learning_rate,
-            lr_scheduler_type="cosine", warmup_steps=10, weight_decay=0.0, seed=cfg.seed, data_seed=cfg.seed,
-            use_cpu=True, bf16=False, report_to=[], save_strategy="no", logging_steps=10**6,
-            disable_tqdm=not progress, dataloader_num_workers=0,
+            output_dir=str(work / "trainer"),
+            max_length=longest + 1,
+            completion_only_loss=True,
+            per_device_train_batch_size=cfg.batch_size,
+            num_train_epochs=cfg.epochs,
+            learning_rate=cfg.learning_rate,
+            lr_scheduler_type="cosine",
+            warmup_steps=10,
+            weight_decay=0.0,
+            seed=cfg.seed,
+            data_seed=cfg.seed,
+            use_cpu=True,
+            bf16=False,
+            report_to=[],
+            save_strategy="no",
+            logging_steps=10**6,
+            disable_tqdm=not progress,
+            dataloader_num_workers=0,
         )
         trainer = SFTTrainer(model=model, args=args, train_dataset=data, processing_class=tokenizer)
         result = trainer.train()
@@ -271,8 +307,17 @@ def make_warm_start(out: str | os.PathLike, cfg: WarmStartConfig | None = None, 
 # ---------------------------------------------------------------------------------------------- evaluation
 
 
-def rollout_team(model_paths: dict | str, rows: list[dict], *, task: str = "building-str", task_options=None,
-                 temperature: float = 1.0, max_new_tokens: int = 64, seed: int = 0, team=None):
+def rollout_team(
+    model_paths: dict | str,
+    rows: list[dict],
+    *,
+    task: str = "building-str",
+    task_options=None,
+    temperature: float = 1.0,
+    max_new_tokens: int = 64,
+    seed: int = 0,
+    team=None,
+):
     """Play `rows` once each, decentralized (one model per agent); returns (the env, the Rollout).
 
     `model_paths`: one folder for every agent, or agent -> folder; or pass a ready `team` (an AgentTeam)."""
@@ -346,8 +391,10 @@ def evaluate_building(model_paths: dict | str, rows: list[dict], *, repeats: int
         coverage=sum(i["coverage"] for i in last) / n,
         applied_per_agent_turn=applied / max(1, turns),
         valid_rate=applied / max(1, applied + rejected),
-        per_target={t: float(returns[[k for k, r in enumerate(rows) if r["target"] == t]].mean())
-                    for t in dict.fromkeys(r["target"] for r in rows)},
+        per_target={
+            t: float(returns[[k for k, r in enumerate(rows) if r["target"] == t]].mean())
+            for t in dict.fromkeys(r["target"] for r in rows)
+        },
     )
 
 
@@ -360,9 +407,16 @@ def evaluate_tags(model_paths: dict | str, rows: list[dict], *, repeats: int = 1
     kwargs.setdefault("max_new_tokens", 8)
     _, roll = rollout_team(model_paths, rows, **kwargs)
     texts = list(zip(*(roll.turns[0][a].gen.texts for a in roll.agent_names)))  # texts[k][i]: agent i, episode k
-    own = {a: sum(tags_of(r)[a] in _words(t[i]) for r, t in zip(rows, texts)) / len(rows) for i, a in enumerate(AGENT_NAMES)}
-    return dict(episodes=len(rows), return_mean=float(roll.rewards.sum(1).mean()), own_tag_rate=own,
-                perfect_rate=float((roll.rewards.sum(1)[:, 0] >= 2.0 - 1e-9).float().mean()))
+    own = {
+        a: sum(tags_of(r)[a] in _words(t[i]) for r, t in zip(rows, texts)) / len(rows)
+        for i, a in enumerate(AGENT_NAMES)
+    }
+    return dict(
+        episodes=len(rows),
+        return_mean=float(roll.rewards.sum(1).mean()),
+        own_tag_rate=own,
+        perfect_rate=float((roll.rewards.sum(1)[:, 0] >= 2.0 - 1e-9).float().mean()),
+    )
 
 
 # ---------------------------------------------------------------------------------------------- command line

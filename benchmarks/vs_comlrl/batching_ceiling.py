@@ -54,8 +54,15 @@ def measure(path, device, batch, prompt_len, new_tokens, view_len, reps):
     prompts = torch.randint(4, vocab, (batch, prompt_len), device=device)
     seqs = torch.randint(4, vocab, (batch, prompt_len + new_tokens), device=device)
     views = torch.randint(4, vocab, (batch, view_len), device=device)
-    gen = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=True, top_k=50, top_p=1.0, temperature=1.0,
-               pad_token_id=0)
+    gen = dict(
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens,
+        do_sample=True,
+        top_k=50,
+        top_p=1.0,
+        temperature=1.0,
+        pad_token_id=0,
+    )
 
     def generate(rows):
         with torch.no_grad():
@@ -73,8 +80,14 @@ def measure(path, device, batch, prompt_len, new_tokens, view_len, reps):
     def one_by_one(fn, data):
         return lambda: [fn(data[i : i + 1]) for i in range(batch)]
 
-    row = dict(model=os.path.basename(path), params=sum(p.numel() for p in model.parameters()), device=device, batch=batch)
-    for name, fn, data in (("generate", generate, prompts), ("logprob_fwd_bwd", logprob_step, seqs), ("critic_fwd_bwd", critic_step, views)):
+    row = dict(
+        model=os.path.basename(path), params=sum(p.numel() for p in model.parameters()), device=device, batch=batch
+    )
+    for name, fn, data in (
+        ("generate", generate, prompts),
+        ("logprob_fwd_bwd", logprob_step, seqs),
+        ("critic_fwd_bwd", critic_step, views),
+    ):
         batched = timed(lambda: fn(data), reps, sync)
         single = timed(one_by_one(fn, data), max(1, reps // 2), sync)
         model.zero_grad(set_to_none=True)
@@ -84,7 +97,9 @@ def measure(path, device, batch, prompt_len, new_tokens, view_len, reps):
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--sizes", nargs="+", default=["tiny", "small"], choices=["tiny", "small", "medium", "0.5b"])
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--batch", type=int, default=16, help="rows per batch = comlrl's rollout buffer in the comparison")
@@ -110,8 +125,10 @@ def main(argv=None) -> int:
     print(f"batch {opts.batch} at once vs {opts.batch} x 1, {opts.device}, torch threads {torch.get_num_threads()}")
     print(f"{'model':18s} {'params':>11s} | {'generate':>22s} | {'log-prob fwd+bwd':>22s} | {'critic fwd+bwd':>22s}")
     for r in rows:
-        cells = [f"{r[k]['batched_s'] * 1e3:7.1f} vs {r[k]['one_by_one_s'] * 1e3:7.1f} ms {r[k]['ratio']:4.1f}x"
-                 for k in ("generate", "logprob_fwd_bwd", "critic_fwd_bwd")]
+        cells = [
+            f"{r[k]['batched_s'] * 1e3:7.1f} vs {r[k]['one_by_one_s'] * 1e3:7.1f} ms {r[k]['ratio']:4.1f}x"
+            for k in ("generate", "logprob_fwd_bwd", "critic_fwd_bwd")
+        ]
         print(f"{r['model']:18s} {r['params']:11,d} | " + " | ".join(cells))
     print(json.dumps(dict(settings=vars(opts), torch=torch.__version__, rows=rows)))
     return 0

@@ -76,7 +76,9 @@ def common_args(p):
     p.add_argument("--algo", required=True, choices=["cc", "dc", "mc"])
     p.add_argument("--models", nargs=2, required=True, help="the two agents' model folders (save_tiny_model)")
     p.add_argument("--episodes", type=int, default=512, help="joint actions (reward evaluations) in the run")
-    p.add_argument("--batch", type=int, default=16, help="joint actions per update (CC/DC: rollout buffer; MC: prompts x G)")
+    p.add_argument(
+        "--batch", type=int, default=16, help="joint actions per update (CC/DC: rollout buffer; MC: prompts x G)"
+    )
     p.add_argument("--num-generations", type=int, default=4, help="MC: G samples per agent and prompt")
     p.add_argument("--max-new-tokens", type=int, default=16)
     p.add_argument("--temperature", type=float, default=1.0)

@@ -47,13 +47,30 @@ def main(argv=None) -> int:
         return [float(len(c[0]) % 3) for c in zip(*completions)]
 
     args = MAACConfig(
-        agent_learning_rate=1e-5, critic_learning_rate=1e-5, rollout_buffer_size=opts.batch, max_new_tokens=opts.length,
-        num_train_epochs=1, num_agents=n, num_generations=1, num_turns=1, critic_type="v", eval_interval=0,
-        early_termination_threshold=None, agent_devices="cpu", critic_devices="cpu",
+        agent_learning_rate=1e-5,
+        critic_learning_rate=1e-5,
+        rollout_buffer_size=opts.batch,
+        max_new_tokens=opts.length,
+        num_train_epochs=1,
+        num_agents=n,
+        num_generations=1,
+        num_turns=1,
+        critic_type="v",
+        eval_interval=0,
+        early_termination_threshold=None,
+        agent_devices="cpu",
+        critic_devices="cpu",
     )
     formatters = [lambda row, i=i: f"agent {i}: write plan {row['i']}" for i in range(n)]
-    trainer = MAACTrainer(agents=[opts.model] * n, critics=[opts.model], tokenizer=[tok] * n, reward_func=reward,
-                          formatters=formatters, args=args, train_dataset=Dataset.from_dict({"i": list(range(opts.batch))}))
+    trainer = MAACTrainer(
+        agents=[opts.model] * n,
+        critics=[opts.model],
+        tokenizer=[tok] * n,
+        reward_func=reward,
+        formatters=formatters,
+        args=args,
+        train_dataset=Dataset.from_dict({"i": list(range(opts.batch))}),
+    )
     for agent in trainer.agents:
         agent.model.generation_config.eos_token_id = len(tok)  # never sampled: answers run to --length
     trainer.verbose = False
@@ -62,9 +79,18 @@ def main(argv=None) -> int:
     trainer.train()
     modules = list(trainer.agents) + list(trainer.critics)
     params = [p for m in modules for p in m.parameters()]
-    common.emit(dict(layout="comlrl", agents=n, baseline_rss_mib=baseline, built_rss_mib=built, peak_rss_mib=rss_mib(),
-                     iteration_s=time.time() - t0, trainable_params=sum(p.numel() for p in params if p.requires_grad),
-                     total_params=sum(p.numel() for p in params)))
+    common.emit(
+        dict(
+            layout="comlrl",
+            agents=n,
+            baseline_rss_mib=baseline,
+            built_rss_mib=built,
+            peak_rss_mib=rss_mib(),
+            iteration_s=time.time() - t0,
+            trainable_params=sum(p.numel() for p in params if p.requires_grad),
+            total_params=sum(p.numel() for p in params),
+        )
+    )
     return 0
 
 

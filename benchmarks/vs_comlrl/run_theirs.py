@@ -22,8 +22,8 @@ import task  # noqa: E402
 
 def main(argv=None) -> int:
     opts = common.parse_run_args(__doc__, argv)
-    import torch
     import comlrl
+    import torch
     import transformers
     from datasets import Dataset
     from transformers import AutoTokenizer
@@ -44,22 +44,46 @@ def main(argv=None) -> int:
         if opts.algo in ("cc", "dc"):
             rows = opts.episodes  # one joint action per prompt (num_generations 1)
             shared = dict(
-                agent_learning_rate=opts.lr, critic_learning_rate=opts.lr,
+                agent_learning_rate=opts.lr,
+                critic_learning_rate=opts.lr,
                 rollout_buffer_size=opts.batch,  # one actor step + one critic step per agent every `batch` episodes
-                max_new_tokens=opts.max_new_tokens, temperature=opts.temperature, top_p=opts.top_p, top_k=opts.top_k,
-                num_train_epochs=1, num_agents=2, num_generations=1, num_turns=1, discount=1.0, critic_type="v",
-                eval_interval=0, early_termination_threshold=None,
-                agent_devices=opts.device, critic_devices=opts.device,  # one device for all, as ours
+                max_new_tokens=opts.max_new_tokens,
+                temperature=opts.temperature,
+                top_p=opts.top_p,
+                top_k=opts.top_k,
+                num_train_epochs=1,
+                num_agents=2,
+                num_generations=1,
+                num_turns=1,
+                discount=1.0,
+                critic_type="v",
+                eval_interval=0,
+                early_termination_threshold=None,
+                agent_devices=opts.device,
+                critic_devices=opts.device,  # one device for all, as ours
             )
             ds = Dataset.from_dict(task.dataset_rows(rows))
             if opts.algo == "cc":
-                trainer = MAACTrainer(agents=paths, critics=[paths[0]], tokenizer=toks, reward_func=reward,
-                                      formatters=task.FORMATTERS, args=MAACConfig(**shared), train_dataset=ds)
+                trainer = MAACTrainer(
+                    agents=paths,
+                    critics=[paths[0]],
+                    tokenizer=toks,
+                    reward_func=reward,
+                    formatters=task.FORMATTERS,
+                    args=MAACConfig(**shared),
+                    train_dataset=ds,
+                )
                 critics = trainer.critics
             else:
-                trainer = IACTrainer(agents=paths, critics=paths, tokenizer=toks, reward_func=reward,
-                                     formatters=task.FORMATTERS, args=IACConfig(use_separate_critic=True, **shared),
-                                     train_dataset=ds)
+                trainer = IACTrainer(
+                    agents=paths,
+                    critics=paths,
+                    tokenizer=toks,
+                    reward_func=reward,
+                    formatters=task.FORMATTERS,
+                    args=IACConfig(use_separate_critic=True, **shared),
+                    train_dataset=ds,
+                )
                 critics = trainer.critics
             for agent in trainer.agents:
                 agent.model.generation_config.eos_token_id = never
@@ -71,15 +95,31 @@ def main(argv=None) -> int:
             g = opts.num_generations
             rows = opts.episodes // g
             args = MAGRPOConfig(
-                num_train_epochs=1, agent_learning_rate=opts.lr, num_agents=2, num_generations=g,
-                max_new_tokens=opts.max_new_tokens, temperature=opts.temperature, top_p=opts.top_p, top_k=opts.top_k,
-                num_turns=1, eval_interval=0, early_termination_threshold=None, agent_devices=opts.device,
+                num_train_epochs=1,
+                agent_learning_rate=opts.lr,
+                num_agents=2,
+                num_generations=g,
+                max_new_tokens=opts.max_new_tokens,
+                temperature=opts.temperature,
+                top_p=opts.top_p,
+                top_k=opts.top_k,
+                num_turns=1,
+                eval_interval=0,
+                early_termination_threshold=None,
+                agent_devices=opts.device,
                 rollout_buffer_size=opts.batch // g,  # prompts per optimizer step (each with G samples per agent)
                 logging_steps=10**9,
             )
             ds = Dataset.from_dict(task.dataset_rows(rows))
-            trainer = MAGRPOTrainer(agents=paths, num_agents=2, tokenizer=toks, reward_func=reward,
-                                    formatters=task.FORMATTERS, args=args, train_dataset=ds)
+            trainer = MAGRPOTrainer(
+                agents=paths,
+                num_agents=2,
+                tokenizer=toks,
+                reward_func=reward,
+                formatters=task.FORMATTERS,
+                args=args,
+                train_dataset=ds,
+            )
             for agent in trainer.agents:
                 agent.generation_config.eos_token_id = never
             trainer.verbose = False
@@ -93,15 +133,31 @@ def main(argv=None) -> int:
 
     episodes = len(log.rewards)
     result = dict(
-        lib="comlrl", version=comlrl.__version__, algo=opts.algo, trainer=type(trainer).__name__,
-        torch=torch.__version__, transformers=transformers.__version__, threads=torch.get_num_threads(),
-        models=paths, params_per_agent=n_params, critics=n_critics, dataset_rows=rows,
-        episodes=episodes, train_s=train_s, build_s=t_build,
-        episodes_per_s=episodes / train_s, gen_tokens=counter.tokens, gen_calls=counter.calls,
-        gen_tokens_per_s=counter.tokens / train_s, generate_s=counter.seconds,
-        peak_rss_mib=common.peak_rss_mib(), peak_gpu_mib=common.peak_gpu_mib(), device=common.device_name(opts.device),
+        lib="comlrl",
+        version=comlrl.__version__,
+        algo=opts.algo,
+        trainer=type(trainer).__name__,
+        torch=torch.__version__,
+        transformers=transformers.__version__,
+        threads=torch.get_num_threads(),
+        models=paths,
+        params_per_agent=n_params,
+        critics=n_critics,
+        dataset_rows=rows,
+        episodes=episodes,
+        train_s=train_s,
+        build_s=t_build,
+        episodes_per_s=episodes / train_s,
+        gen_tokens=counter.tokens,
+        gen_calls=counter.calls,
+        gen_tokens_per_s=counter.tokens / train_s,
+        generate_s=counter.seconds,
+        peak_rss_mib=common.peak_rss_mib(),
+        peak_gpu_mib=common.peak_gpu_mib(),
+        device=common.device_name(opts.device),
         env_steps=int(getattr(trainer, "env_step", -1)),
-        settings=vars(opts), **log.summary(opts.tail),
+        settings=vars(opts),
+        **log.summary(opts.tail),
     )
     common.emit(result)
     return 0

@@ -40,8 +40,10 @@ def payoff(answer_1: str, answer_2: str) -> float:
 
 
 def prompt(agent_idx: int, row: dict) -> str:
-    return (f"You are player {agent_idx + 1} of a two-player penalty game. Both players choose at once without "
-            f"talking. Answer with one letter: A, B, C. Round {row['round']}.")
+    return (
+        f"You are player {agent_idx + 1} of a two-player penalty game. Both players choose at once without "
+        f"talking. Answer with one letter: A, B, C. Round {row['round']}."
+    )
 
 
 FORMATTERS = [lambda row, i=i: prompt(i, row) for i in range(NUM_AGENTS)]
@@ -62,8 +64,13 @@ class RewardLog:
         r = self.rewards
         k = max(1, int(round(len(r) * tail_fraction))) if r else 0
         mean = lambda xs: sum(xs) / len(xs) if xs else float("nan")  # noqa: E731
-        return dict(reward_episodes=len(r), reward_first=mean(r[:k]), reward_last=mean(r[-k:]) if k else float("nan"),
-                    reward_all=mean(r), reward_tail_fraction=tail_fraction)
+        return dict(
+            reward_episodes=len(r),
+            reward_first=mean(r[:k]),
+            reward_last=mean(r[-k:]) if k else float("nan"),
+            reward_all=mean(r),
+            reward_tail_fraction=tail_fraction,
+        )
 
 
 def reward_for_trl_collm(log: RewardLog):

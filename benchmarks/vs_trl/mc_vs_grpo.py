@@ -31,7 +31,9 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-PROMPTS = [f"Write {w} words about the {t}:" for w in ("three", "five", "seven", "ten") for t in ("sea", "tree", "cat", "city")]
+PROMPTS = [
+    f"Write {w} words about the {t}:" for w in ("three", "five", "seven", "ten") for t in ("sea", "tree", "cat", "city")
+]
 
 
 def reward_text(text: str) -> float:
@@ -51,9 +53,20 @@ def run_side(a) -> dict:
     never = len(tok)  # a token id the model never samples: every completion runs to the full length
     data = Dataset.from_dict({"prompt": (PROMPTS * (1 + a.prompts * a.steps // len(PROMPTS)))[: a.prompts * a.steps]})
     out = tempfile.mkdtemp(prefix=f"vs-trl-{a.side}-")
-    common = {"output_dir": out, "learning_rate": a.lr, "temperature": 1.0, "top_p": 1.0, "use_cpu": True, "bf16": False,
-              "report_to": [], "save_strategy": "no", "logging_steps": 1, "seed": a.seed, "disable_tqdm": True,
-              "weight_decay": 0.0}
+    common = {
+        "output_dir": out,
+        "learning_rate": a.lr,
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "use_cpu": True,
+        "bf16": False,
+        "report_to": [],
+        "save_strategy": "no",
+        "logging_steps": 1,
+        "seed": a.seed,
+        "disable_tqdm": True,
+        "weight_decay": 0.0,
+    }
     torch.manual_seed(a.seed)
     if a.side == "trl":
         from trl import GRPOConfig, GRPOTrainer
@@ -61,11 +74,16 @@ def run_side(a) -> dict:
         def reward(prompts, completions, **kwargs):
             return [reward_text(c) for c in completions]
 
-        args = GRPOConfig(num_generations=a.group, per_device_train_batch_size=a.prompts * a.group,
-                          max_completion_length=a.completion_length, beta=0.0, max_steps=a.steps,
-                          generation_kwargs={"eos_token_id": never},
-                          gradient_checkpointing=False,  # TRL turns it on by default; ours does not checkpoint
-                          **common)
+        args = GRPOConfig(
+            num_generations=a.group,
+            per_device_train_batch_size=a.prompts * a.group,
+            max_completion_length=a.completion_length,
+            beta=0.0,
+            max_steps=a.steps,
+            generation_kwargs={"eos_token_id": never},
+            gradient_checkpointing=False,  # TRL turns it on by default; ours does not checkpoint
+            **common,
+        )
         trainer = GRPOTrainer(model=path, reward_funcs=reward, args=args, train_dataset=data, processing_class=tok)
     else:
         from trl_collm import MultiAgentMCConfig, MultiAgentMCTrainer
@@ -73,27 +91,45 @@ def run_side(a) -> dict:
         def reward(prompts, completions, **kwargs):
             return [reward_text(c[0]) for c in completions]
 
-        args = MultiAgentMCConfig(num_agents=1, num_generations=a.group, per_device_train_batch_size=a.prompts,
-                                  response_length=a.completion_length, beta=0.0, scale_advantages=True,
-                                  total_episodes=a.prompts * a.steps, stop_token_id=never,
-                                  share_prompt_prefix=a.side != "ours-plain", **common)
+        args = MultiAgentMCConfig(
+            num_agents=1,
+            num_generations=a.group,
+            per_device_train_batch_size=a.prompts,
+            response_length=a.completion_length,
+            beta=0.0,
+            scale_advantages=True,
+            total_episodes=a.prompts * a.steps,
+            stop_token_id=never,
+            share_prompt_prefix=a.side != "ours-plain",
+            **common,
+        )
         trainer = MultiAgentMCTrainer(args=args, model=path, reward_funcs=reward, train_dataset=data)
     t0 = time.perf_counter()
     trainer.train()
     seconds = time.perf_counter() - t0
     if a.side == "trl":
         curve = [h["reward"] for h in trainer.state.log_history if "reward" in h]
-        length = statistics.mean(h["completions/mean_length"] for h in trainer.state.log_history if "completions/mean_length" in h)
+        length = statistics.mean(
+            h["completions/mean_length"] for h in trainer.state.log_history if "completions/mean_length" in h
+        )
     else:
         curve = [h["objective/scores"] for h in trainer._metrics_history]
         length = statistics.mean(h["response_length"] for h in trainer._metrics_history)
     # Both generate exactly --completion-length tokens (the stop token is never sampled); TRL's loss mask also ends at
     # the tokenizer's EOS when the model samples it mid-way (rarely), so its mean length can be slightly lower.
-    assert length > 0.9 * a.completion_length, f"{a.side}: completions averaged {length} tokens of {a.completion_length}"
+    assert length > 0.9 * a.completion_length, (
+        f"{a.side}: completions averaged {length} tokens of {a.completion_length}"
+    )
     completions = a.steps * a.prompts * a.group
-    return {"side": a.side, "train_s": seconds, "completions": completions, "completions_per_s": completions / seconds,
-            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "reward_curve": curve,
-            "mean_completion_tokens": length}
+    return {
+        "side": a.side,
+        "train_s": seconds,
+        "completions": completions,
+        "completions_per_s": completions / seconds,
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "reward_curve": curve,
+        "mean_completion_tokens": length,
+    }
 
 
 def main():
@@ -114,14 +150,26 @@ def main():
     if a.side:
         print(json.dumps(run_side(a)))
         return
-    forwarded = [f"--{k.replace('_', '-')}={v}" for k, v in vars(a).items() if k not in ("side", "sides", "rounds", "json")]
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), HF_HUB_OFFLINE="1",
-               TOKENIZERS_PARALLELISM="false", WANDB_MODE="disabled")
+    forwarded = [
+        f"--{k.replace('_', '-')}={v}" for k, v in vars(a).items() if k not in ("side", "sides", "rounds", "json")
+    ]
+    env = dict(
+        os.environ,
+        PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        HF_HUB_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+        WANDB_MODE="disabled",
+    )
     runs: dict[str, list[dict]] = {s: [] for s in a.sides}
     for r in range(a.rounds):
         for side in a.sides if r % 2 == 0 else list(reversed(a.sides)):  # alternate who goes first
-            proc = subprocess.run([sys.executable, __file__, "--side", side, *forwarded], env=env, capture_output=True,
-                                  text=True, check=False)
+            proc = subprocess.run(
+                [sys.executable, __file__, "--side", side, *forwarded],
+                env=env,
+                capture_output=True,
+                text=True,
+                check=False,
+            )
             if proc.returncode != 0:
                 raise SystemExit(f"{side} failed:\n{proc.stderr[-4000:]}")
             runs[side].append(json.loads(proc.stdout.strip().splitlines()[-1]))

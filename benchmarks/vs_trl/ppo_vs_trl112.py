@@ -34,7 +34,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 SCRIPT = os.path.join(ROOT, "examples", "ppo.py")
 TRL_SPEC = "trl==1.12.0"
-PROMPTS = [f"Write {w} words about the {t}:" for w in ("three", "five", "seven", "ten") for t in ("sea", "tree", "cat", "city")]
+PROMPTS = [
+    f"Write {w} words about the {t}:" for w in ("three", "five", "seven", "ten") for t in ("sea", "tree", "cat", "city")
+]
 
 
 def ensure_venv(venv: str) -> str:
@@ -46,12 +48,18 @@ def ensure_venv(venv: str) -> str:
         import site
         import sysconfig
 
-        own = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], check=True,
-                             capture_output=True, text=True).stdout.strip()
+        own = subprocess.run(
+            [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
         parents = [p for p in site.getsitepackages() if os.path.isdir(p)] + [sysconfig.get_paths()["purelib"]]
         with open(os.path.join(own, "zz_parent_env.pth"), "w") as f:
             f.write("\n".join(dict.fromkeys(parents)) + "\n")
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", own, TRL_SPEC], check=True)
+        subprocess.run(
+            [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", own, TRL_SPEC], check=True
+        )
         open(os.path.join(venv, ".ready"), "w").close()
     return python
 
@@ -119,14 +127,51 @@ def main():
     if a.side:
         out = tempfile.mkdtemp(prefix=f"vs-trl-ppo-{a.side}-")
         ppo_args = [
-            "--dataset_name", a.data, "--output_dir", out, "--learning_rate", str(a.lr),
-            "--per_device_train_batch_size", str(a.batch), "--gradient_accumulation_steps", "1",
-            "--total_episodes", str(a.episodes), "--num_ppo_epochs", str(a.epochs), "--num_mini_batches", "1",
-            "--model_name_or_path", a.model, "--sft_model_path", a.model, "--reward_model_path", a.model,
-            "--response_length", str(a.response_length), "--missing_eos_penalty", "1.0", "--seed", str(a.seed),
-            "--use_cpu", "--bf16", "False", "--report_to", "none", "--save_strategy", "no", "--logging_steps", "1",
-            "--num_sample_generations", "0", "--disable_tqdm", "True", "--dataset_num_proc", "1",
-            "--gradient_checkpointing", "False",  # TRL's config turns it on by default; ours does not checkpoint
+            "--dataset_name",
+            a.data,
+            "--output_dir",
+            out,
+            "--learning_rate",
+            str(a.lr),
+            "--per_device_train_batch_size",
+            str(a.batch),
+            "--gradient_accumulation_steps",
+            "1",
+            "--total_episodes",
+            str(a.episodes),
+            "--num_ppo_epochs",
+            str(a.epochs),
+            "--num_mini_batches",
+            "1",
+            "--model_name_or_path",
+            a.model,
+            "--sft_model_path",
+            a.model,
+            "--reward_model_path",
+            a.model,
+            "--response_length",
+            str(a.response_length),
+            "--missing_eos_penalty",
+            "1.0",
+            "--seed",
+            str(a.seed),
+            "--use_cpu",
+            "--bf16",
+            "False",
+            "--report_to",
+            "none",
+            "--save_strategy",
+            "no",
+            "--logging_steps",
+            "1",
+            "--num_sample_generations",
+            "0",
+            "--disable_tqdm",
+            "True",
+            "--dataset_num_proc",
+            "1",
+            "--gradient_checkpointing",
+            "False",  # TRL's config turns it on by default; ours does not checkpoint
         ]
         result = run_side(a, ppo_args)
         print("RESULT " + json.dumps(result), flush=True)
@@ -143,21 +188,36 @@ def main():
         f.writelines(json.dumps({"prompt": r}) + "\n" for r in rows[: a.episodes])
     with open(os.path.join(data, "test.jsonl"), "w") as f:
         f.writelines(json.dumps({"prompt": r}) + "\n" for r in PROMPTS[:4])
-    forwarded = [f"--{k.replace('_', '-')}={v}" for k, v in vars(a).items()
-                 if k not in ("side", "sides", "rounds", "json", "venv", "data", "model")]
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", WANDB_MODE="disabled",
-               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    forwarded = [
+        f"--{k.replace('_', '-')}={v}"
+        for k, v in vars(a).items()
+        if k not in ("side", "sides", "rounds", "json", "venv", "data", "model")
+    ]
+    env = dict(
+        os.environ,
+        HF_HUB_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+        WANDB_MODE="disabled",
+        PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    )
     runs: dict[str, list[dict]] = {side: [] for side in a.sides}
     for r in range(a.rounds):
         for side in a.sides if r % 2 == 0 else list(reversed(a.sides)):  # alternate who goes first
-            proc = subprocess.run([pythons[side], __file__, "--side", side, f"--data={data}", f"--model={model}", *forwarded],
-                                  env=env, capture_output=True, text=True, check=False)
+            proc = subprocess.run(
+                [pythons[side], __file__, "--side", side, f"--data={data}", f"--model={model}", *forwarded],
+                env=env,
+                capture_output=True,
+                text=True,
+                check=False,
+            )
             lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
             if proc.returncode != 0 or not lines:
                 raise SystemExit(f"{side} failed:\n{proc.stderr[-4000:]}")
-            runs[side].append(json.loads(lines[-1][len("RESULT "):]))
-            print(f"round {r} {side} (trl {runs[side][-1]['trl']}): {runs[side][-1]['completions_per_s']:.1f} completions/s",
-                  flush=True)
+            runs[side].append(json.loads(lines[-1][len("RESULT ") :]))
+            print(
+                f"round {r} {side} (trl {runs[side][-1]['trl']}): {runs[side][-1]['completions_per_s']:.1f} completions/s",
+                flush=True,
+            )
     summary = {}
     for side, rs in runs.items():
         curves = [x["score_curve"] for x in rs]
@@ -167,10 +227,14 @@ def main():
             "score_curve": [statistics.mean(c[i] for c in curves) for i in range(min(len(c) for c in curves))],
         }
     base = summary.get("trl", next(iter(summary.values())))["completions_per_s"]
-    print(f"\n{'side':<8} {'completions/s':>13} {'x TRL':>6} {'peak RSS MiB':>12}  score per iteration (mean of rounds)")
+    print(
+        f"\n{'side':<8} {'completions/s':>13} {'x TRL':>6} {'peak RSS MiB':>12}  score per iteration (mean of rounds)"
+    )
     for side, s in summary.items():
         curve = " ".join(f"{v:.3f}" for v in s["score_curve"])
-        print(f"{side:<8} {s['completions_per_s']:>13.1f} {s['completions_per_s'] / base:>6.2f} {s['peak_rss_mib']:>12.0f}  {curve}")
+        print(
+            f"{side:<8} {s['completions_per_s']:>13.1f} {s['completions_per_s'] / base:>6.2f} {s['peak_rss_mib']:>12.0f}  {curve}"
+        )
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"args": vars(a), "summary": summary, "runs": runs}, f, indent=1)

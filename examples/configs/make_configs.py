@@ -35,58 +35,152 @@ LEARN_NOTE = "a short run: pass --total_episodes 1024 (examples/quickstart.py's 
 # `turns` is the task's number of turns (TaskSpec.num_turns), written explicitly into every file.
 TASKS = {
     "writing-summary": dict(
-        turns=1, model="Qwen/Qwen3-1.7B", gpu_len=256, gpu_batch=8, gpu_episodes=4096,
+        turns=1,
+        model="Qwen/Qwen3-1.7B",
+        gpu_len=256,
+        gpu_batch=8,
+        gpu_episodes=4096,
         cpu=dict(response_length=8, train_limit=8, eval_limit=4, batch=4, episodes=8, mc_batch=2, mc_episodes=4),
     ),
     "writing-intro": dict(
-        turns=1, model="Qwen/Qwen3-1.7B", gpu_len=256, gpu_batch=8, gpu_episodes=4096,
+        turns=1,
+        model="Qwen/Qwen3-1.7B",
+        gpu_len=256,
+        gpu_batch=8,
+        gpu_episodes=4096,
         cpu=dict(response_length=8, train_limit=8, eval_limit=4, batch=4, episodes=8, mc_batch=2, mc_episodes=4),
     ),
     "writing-tags": dict(  # ours, a small conditional task (docs/warm_start.md); best from a warm start
-        turns=1, model="Qwen/Qwen3-1.7B", gpu_len=16, gpu_batch=16, gpu_episodes=4096,
+        turns=1,
+        model="Qwen/Qwen3-1.7B",
+        gpu_len=16,
+        gpu_batch=16,
+        gpu_episodes=4096,
         cpu=dict(response_length=8, train_limit=8, eval_limit=4, batch=4, episodes=8, mc_batch=2, mc_episodes=4),
     ),
     "code-humaneval": dict(
-        turns=2, model="Qwen/Qwen2.5-Coder-3B", gpu_len=384, gpu_batch=4, gpu_episodes=1056,
+        turns=2,
+        model="Qwen/Qwen2.5-Coder-3B",
+        gpu_len=384,
+        gpu_batch=4,
+        gpu_episodes=1056,
         cpu=dict(response_length=16, train_limit=4, eval_limit=2, batch=2, episodes=4, mc_batch=1, mc_episodes=2),
     ),
     "building-str": dict(
-        turns=4, model="Qwen/Qwen3-4B-Instruct-2507", gpu_len=256, gpu_batch=4, gpu_episodes=1000,
+        turns=4,
+        model="Qwen/Qwen3-4B-Instruct-2507",
+        gpu_len=256,
+        gpu_batch=4,
+        gpu_episodes=1000,
         # I, C, M, L: the one-letter targets have the shortest prompts (~630 tiny-model tokens per builder; the
         # centralized critic reads both builders' prompts plus feedback, under the tiny model's 2048 positions).
-        cpu=dict(response_length=8, train_limit=2, eval_limit=2, batch=2, episodes=2, mc_batch=1, mc_episodes=1,
-                 task_options='{"max_listed": 4}', dataset_source="I,L"),
+        cpu=dict(
+            response_length=8,
+            train_limit=2,
+            eval_limit=2,
+            batch=2,
+            episodes=2,
+            mc_batch=1,
+            mc_episodes=1,
+            task_options='{"max_listed": 4}',
+            dataset_source="I,L",
+        ),
         mc_gpu=dict(expansion="per_branch"),
         mc_cpu=dict(expansion="per_branch"),
     ),
     "building-house": dict(
-        turns=4, model="Qwen/Qwen3-4B-Instruct-2507", gpu_len=256, gpu_batch=4, gpu_episodes=600,
+        turns=4,
+        model="Qwen/Qwen3-4B-Instruct-2507",
+        gpu_len=256,
+        gpu_batch=4,
+        gpu_episodes=600,
         # The hut and the tower are the smallest blueprints (~950 and ~1080 tiny-model tokens); shorter feedback lists
         # keep later turns short.
-        cpu=dict(response_length=8, train_limit=2, eval_limit=2, batch=2, episodes=2, mc_batch=1, mc_episodes=1,
-                 task_options='{"max_listed": 4}', dataset_source="hut,tower"),
+        cpu=dict(
+            response_length=8,
+            train_limit=2,
+            eval_limit=2,
+            batch=2,
+            episodes=2,
+            mc_batch=1,
+            mc_episodes=1,
+            task_options='{"max_listed": 4}',
+            dataset_source="hut,tower",
+        ),
         mc_gpu=dict(expansion="per_branch"),
         mc_cpu=dict(expansion="per_branch"),
     ),
     "coord-climbing": dict(
-        turns=1, model="Qwen/Qwen3-0.6B", gpu_len=8, gpu_batch=32, gpu_episodes=4096,
-        cpu=dict(response_length=2, train_limit=64, eval_limit=16, batch=16, episodes=256, mc_batch=8, mc_episodes=64,
-                 learn=True, note=LEARN_NOTE),
+        turns=1,
+        model="Qwen/Qwen3-0.6B",
+        gpu_len=8,
+        gpu_batch=32,
+        gpu_episodes=4096,
+        cpu=dict(
+            response_length=2,
+            train_limit=64,
+            eval_limit=16,
+            batch=16,
+            episodes=256,
+            mc_batch=8,
+            mc_episodes=64,
+            learn=True,
+            note=LEARN_NOTE,
+        ),
     ),
     "coord-penalty": dict(
-        turns=1, model="Qwen/Qwen3-0.6B", gpu_len=8, gpu_batch=32, gpu_episodes=4096,
-        cpu=dict(response_length=2, train_limit=64, eval_limit=16, batch=16, episodes=256, mc_batch=8, mc_episodes=64,
-                 learn=True, note=LEARN_NOTE),
+        turns=1,
+        model="Qwen/Qwen3-0.6B",
+        gpu_len=8,
+        gpu_batch=32,
+        gpu_episodes=4096,
+        cpu=dict(
+            response_length=2,
+            train_limit=64,
+            eval_limit=16,
+            batch=16,
+            episodes=256,
+            mc_batch=8,
+            mc_episodes=64,
+            learn=True,
+            note=LEARN_NOTE,
+        ),
     ),
     "coord-numbers": dict(
-        turns=1, model="Qwen/Qwen3-0.6B", gpu_len=8, gpu_batch=32, gpu_episodes=4096,
-        cpu=dict(response_length=2, train_limit=64, eval_limit=16, batch=16, episodes=256, mc_batch=8, mc_episodes=64,
-                 learn=True, note=LEARN_NOTE),
+        turns=1,
+        model="Qwen/Qwen3-0.6B",
+        gpu_len=8,
+        gpu_batch=32,
+        gpu_episodes=4096,
+        cpu=dict(
+            response_length=2,
+            train_limit=64,
+            eval_limit=16,
+            batch=16,
+            episodes=256,
+            mc_batch=8,
+            mc_episodes=64,
+            learn=True,
+            note=LEARN_NOTE,
+        ),
     ),
     "coord-repeated": dict(
-        turns=4, model="Qwen/Qwen3-0.6B", gpu_len=8, gpu_batch=16, gpu_episodes=2048,
-        cpu=dict(response_length=2, train_limit=16, eval_limit=8, batch=8, episodes=16, mc_batch=2, mc_episodes=4,
-                 learn=True, note="a short run (the sparse 4-turn game needs far more episodes to learn)"),
+        turns=4,
+        model="Qwen/Qwen3-0.6B",
+        gpu_len=8,
+        gpu_batch=16,
+        gpu_episodes=2048,
+        cpu=dict(
+            response_length=2,
+            train_limit=16,
+            eval_limit=8,
+            batch=8,
+            episodes=16,
+            mc_batch=2,
+            mc_episodes=4,
+            learn=True,
+            note="a short run (the sparse 4-turn game needs far more episodes to learn)",
+        ),
         # G^T = 256 leaves per prompt in tree mode is cheap at 8 tokens on the GPU; per_branch keeps the CPU run short.
         mc_cpu=dict(expansion="per_branch"),
     ),
@@ -154,7 +248,11 @@ def gpu_config(task: str, row: dict, algo: str) -> str:
         for k, v in row.get("mc_gpu", {}).items():
             items.append((k, v, "G*T generations per prompt instead of G^T (4 turns)"))
         items += [
-            ("per_device_train_batch_size", max(1, row["gpu_batch"] // 4), "prompts; each gives num_generations samples"),
+            (
+                "per_device_train_batch_size",
+                max(1, row["gpu_batch"] // 4),
+                "prompts; each gives num_generations samples",
+            ),
             ("total_episodes", max(1, row["gpu_episodes"] // 4)),
         ]
     items += [
@@ -225,7 +323,11 @@ def cpu_config(task: str, row: dict, algo: str) -> str:
         ("num_sample_generations", 0),
         ("seed", 0),
     ]
-    what = c.get("note") or "learns the game" if learn else "a smoke run (mechanics only: a random tiny model cannot do the task)"
+    what = (
+        c.get("note") or "learns the game"
+        if learn
+        else "a smoke run (mechanics only: a random tiny model cannot do the task)"
+    )
     header = [
         f"{task} / {algo}, offline on CPU: {ALGOS[algo]}.",
         f"Tiny random-init agents, about a minute on 2 cores; {what}.",

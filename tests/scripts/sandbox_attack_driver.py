@@ -33,7 +33,7 @@ def proc_table() -> dict[int, tuple[int, int, int]]:
                 data = f.read()
         except OSError:
             continue
-        fields = data[data.rfind(b")") + 2:].split()
+        fields = data[data.rfind(b")") + 2 :].split()
         table[int(entry)] = (int(fields[1]), int(fields[19]), int(fields[21]))
     return table
 
@@ -79,17 +79,36 @@ class Watcher(threading.Thread):
 def run_sample(sandbox, s: dict) -> dict:
     begin = time.monotonic()
     if s["mode"] == "tests":
-        rep = sandbox.run_tests(s["code"], s["tests"], entry_point=s["entry_point"],
-                                trusted_setup=s.get("trusted_setup", ""), **s.get("kwargs", {}))
-        out = {"passed": rep.passed, "total": rep.total, "statuses": [o.status for o in rep.outcomes],
-               "messages": [o.message for o in rep.outcomes], "load_error": rep.load_error,
-               "judge_error": rep.judge_error, "sandbox_pids": rep.sandbox_pids, "timed_out": rep.timed_out,
-               "text": json.dumps([o.message for o in rep.outcomes]) + str(rep.load_error)}
+        rep = sandbox.run_tests(
+            s["code"],
+            s["tests"],
+            entry_point=s["entry_point"],
+            trusted_setup=s.get("trusted_setup", ""),
+            **s.get("kwargs", {}),
+        )
+        out = {
+            "passed": rep.passed,
+            "total": rep.total,
+            "statuses": [o.status for o in rep.outcomes],
+            "messages": [o.message for o in rep.outcomes],
+            "load_error": rep.load_error,
+            "judge_error": rep.judge_error,
+            "sandbox_pids": rep.sandbox_pids,
+            "timed_out": rep.timed_out,
+            "text": json.dumps([o.message for o in rep.outcomes]) + str(rep.load_error),
+        }
     else:
         r = sandbox.run_python(s["code"], **s.get("kwargs", {}))
-        out = {"returncode": r.returncode, "stdout": r.stdout, "stderr": r.stderr, "timed_out": r.timed_out,
-               "killed_reason": r.killed_reason, "memory_error": r.memory_error, "sandbox_pids": [r.pid],
-               "text": r.stdout + r.stderr}
+        out = {
+            "returncode": r.returncode,
+            "stdout": r.stdout,
+            "stderr": r.stderr,
+            "timed_out": r.timed_out,
+            "killed_reason": r.killed_reason,
+            "memory_error": r.memory_error,
+            "sandbox_pids": [r.pid],
+            "text": r.stdout + r.stderr,
+        }
     out["duration"] = time.monotonic() - begin
     out["driver_alive"] = True  # we got here: the trainer survived the sample
     return out

@@ -44,14 +44,33 @@ def main():
     cli = p.parse_args()
     torch.set_num_threads(1)
     args = MultiAgentPPOConfig(
-        output_dir=cli.output_dir, agent_names=["alice", "bob"], per_device_train_batch_size=2, response_length=5,
-        total_episodes=2 * cli.iterations, num_ppo_epochs=2, learning_rate=1e-3, save_strategy="steps", save_steps=1,
-        save_total_limit=3, logging_steps=1, report_to=cli.report_to,
-        num_sample_generations=0, use_cpu=True, bf16=False, seed=0, disable_tqdm=True, value_normalization=True,
+        output_dir=cli.output_dir,
+        agent_names=["alice", "bob"],
+        per_device_train_batch_size=2,
+        response_length=5,
+        total_episodes=2 * cli.iterations,
+        num_ppo_epochs=2,
+        learning_rate=1e-3,
+        save_strategy="steps",
+        save_steps=1,
+        save_total_limit=3,
+        logging_steps=1,
+        report_to=cli.report_to,
+        num_sample_generations=0,
+        use_cpu=True,
+        bf16=False,
+        seed=0,
+        disable_tqdm=True,
+        value_normalization=True,
     )
     dataset = Dataset.from_dict({"prompt": [f"prompt number {i}" for i in range(7)]})
-    trainer = MultiAgentPPOTrainer(args=args, model=tiny_model_dir("tiny-qwen2"), train_dataset=dataset, reward_funcs=reward,
-                                   callbacks=[Slow(cli.sleep)] if cli.sleep else None)
+    trainer = MultiAgentPPOTrainer(
+        args=args,
+        model=tiny_model_dir("tiny-qwen2"),
+        train_dataset=dataset,
+        reward_funcs=reward,
+        callbacks=[Slow(cli.sleep)] if cli.sleep else None,
+    )
     trainer.train(resume_from_checkpoint=True if cli.resume else None)
     with open(os.path.join(cli.output_dir, "metrics.json"), "w") as f:
         json.dump(trainer._metrics_history, f)

@@ -322,8 +322,10 @@ register_critic_type(DecentralizedCritic)
 def check_critic_config(args) -> None:
     """`critic_type` and `critic_placement` name registered classes, and the layout accepts the other options
     (called from the PPO config's validation)."""
-    for name, allowed, value in (("critic_type", CRITIC_TYPES, args.critic_type),
-                                 ("critic_placement", PLACEMENTS, args.critic_placement)):
+    for name, allowed, value in (
+        ("critic_type", CRITIC_TYPES, args.critic_type),
+        ("critic_placement", PLACEMENTS, args.critic_placement),
+    ):
         if value not in allowed and not (name == "critic_placement" and value is None):  # None: chosen from the team
             raise ValueError(f"`{name}`={value!r} is not valid; choose one of {list(allowed)}.")
     CRITIC_TYPES[args.critic_type].check_config(args)
@@ -336,8 +338,9 @@ def critic_outputs(args, num_agents: int) -> int:
     return CRITIC_TYPES[args.critic_type](names, args, token_level=False).num_outputs()
 
 
-def build_critic(team: AgentTeam, value_model, args, peft_config, critic_processing_class=None,
-                 token_level: bool = False) -> TeamCritic:
+def build_critic(
+    team: AgentTeam, value_model, args, peft_config, critic_processing_class=None, token_level: bool = False
+) -> TeamCritic:
     """The critic of a run: the layout `critic_type` names, with one unit per key where `critic_placement` says."""
     names = team.names
     # A given value model decides the placement (TRL's PPO script passes one even with PEFT); else a LoRA team's
@@ -357,7 +360,17 @@ def build_critic(team: AgentTeam, value_model, args, peft_config, critic_process
     settings = f"critic_type={args.critic_type!r}, centralized_value={args.centralized_value!r}"
     unit_cls: type[CriticUnit] = PLACEMENTS[placement]
     for key in critic.unit_keys():
-        spec = UnitSpec(team, key, critic.owner(key, args), critic.num_outputs(), value_models[key], tokenizers[key],
-                        critic.adapter_name(key), peft_config, args.model_init_kwargs, settings)
+        spec = UnitSpec(
+            team,
+            key,
+            critic.owner(key, args),
+            critic.num_outputs(),
+            value_models[key],
+            tokenizers[key],
+            critic.adapter_name(key),
+            peft_config,
+            args.model_init_kwargs,
+            settings,
+        )
         critic.units[key] = unit_cls.build(spec)
     return critic

@@ -88,8 +88,9 @@ class CriticUnit(nn.Module):
         """Values (B, keep, k) of the last `keep` positions of a left-padded batch."""
         with self.body() as body:
             # The team's switch (share_prompt_prefix) covers its critics too.
-            hidden = forward_last(body, input_ids, attention_mask, keep, causal_lm=False,
-                                  enabled=self.team.share_prefix)
+            hidden = forward_last(
+                body, input_ids, attention_mask, keep, causal_lm=False, enabled=self.team.share_prefix
+            )
         return self.head_module()(hidden).float()
 
     def tokenize(self, texts: list[str]) -> list[list[int]]:

@@ -325,7 +325,9 @@ class MultiAgentEnv:
         new_ids = []
         for e in episode_ids:
             if self._episode_done[e]:
-                raise ValueError(f"{type(self).__name__}.fork_batch got episode {e}, which is done; only running episodes branch.")
+                raise ValueError(
+                    f"{type(self).__name__}.fork_batch got episode {e}, which is done; only running episodes branch."
+                )
             self._episodes.append(self._episodes[e].clone())
             self._episode_done.append(False)
             new_ids.append(len(self._episodes) - 1)
@@ -351,14 +353,11 @@ class MultiAgentEnv:
                     f"{len(self._episodes)} episodes (ids 0..{len(self._episodes) - 1})."
                 )
             if self._episode_done[e]:
-                raise ValueError(
-                    f"{cls}.step_batch got episode {e}, which is already done; only step active episodes."
-                )
+                raise ValueError(f"{cls}.step_batch got episode {e}, which is already done; only step active episodes.")
             if isinstance(texts, str) or len(texts) != num_agents:
                 got = "a single str" if isinstance(texts, str) else f"{len(texts)} completions"
                 raise ValueError(
-                    f"{cls}.step_batch got {got} for episode {e}; expected one completion per agent "
-                    f"({num_agents})."
+                    f"{cls}.step_batch got {got} for episode {e}; expected one completion per agent ({num_agents})."
                 )
 
     def step_batch(
@@ -407,5 +406,3 @@ class MultiAgentEnv:
         )
         dones_t = torch.tensor(dones, dtype=torch.bool)
         return BatchStep(rewards=rewards, observations=observations, dones=dones_t, infos=infos)
-
-

@@ -28,12 +28,16 @@ __all__ = ["Limits", "SandboxUnavailable", "command", "isolation", "require_sand
 logger = logging.getLogger(__name__)
 
 UNSAFE_ENV = "TRL_COLLM_UNSAFE_NO_SANDBOX"
-INSTALL_HINT = ("install bubblewrap: `sudo apt-get install bubblewrap` (Debian/Ubuntu), `sudo dnf install "
-                "bubblewrap` (Fedora), `sudo pacman -S bubblewrap` (Arch); see docs/security.md")
-USERNS_HINT = ("enable unprivileged user namespaces (`sudo sysctl -w user.max_user_namespaces=15000`, on Debian "
-               "`kernel.unprivileged_userns_clone=1`, on Ubuntu 24.04+ "
-               "`kernel.apparmor_restrict_unprivileged_userns=0` or an AppArmor profile for bwrap; in Docker run "
-               "with `--security-opt seccomp=unconfined` or `--privileged`); see docs/security.md")
+INSTALL_HINT = (
+    "install bubblewrap: `sudo apt-get install bubblewrap` (Debian/Ubuntu), `sudo dnf install "
+    "bubblewrap` (Fedora), `sudo pacman -S bubblewrap` (Arch); see docs/security.md"
+)
+USERNS_HINT = (
+    "enable unprivileged user namespaces (`sudo sysctl -w user.max_user_namespaces=15000`, on Debian "
+    "`kernel.unprivileged_userns_clone=1`, on Ubuntu 24.04+ "
+    "`kernel.apparmor_restrict_unprivileged_userns=0` or an AppArmor profile for bwrap; in Docker run "
+    "with `--security-opt seccomp=unconfined` or `--privileged`); see docs/security.md"
+)
 SANDBOX_UID = 65534  # "nobody" inside the sandbox's user namespace
 
 
@@ -65,8 +69,10 @@ def unsafe_mode() -> bool:
 
 @functools.cache
 def _warn_unsafe() -> None:
-    msg = (f"{UNSAFE_ENV}=1: model-written code runs WITHOUT bubblewrap isolation (no namespaces, no seccomp, full "
-           "view of this machine's files and processes as your user). Use this only for code you trust.")
+    msg = (
+        f"{UNSAFE_ENV}=1: model-written code runs WITHOUT bubblewrap isolation (no namespaces, no seccomp, full "
+        "view of this machine's files and processes as your user). Use this only for code you trust."
+    )
     warnings.warn(msg, RuntimeWarning, stacklevel=3)
     logger.warning(msg)
 
@@ -82,10 +88,14 @@ def interpreter() -> tuple[str, str]:
 def _site_dirs(prefix: str) -> tuple[str, ...]:
     """The installation's package directories (site-packages, Debian's dist-packages) that exist."""
     version = f"python{sys.version_info.major}.{sys.version_info.minor}"
-    candidates = [os.path.join(prefix, "lib", version, "site-packages"), os.path.join(prefix, "lib", "python3",
-                  "dist-packages"), os.path.join(prefix, "local", "lib", version, "dist-packages"),
-                  "/usr/lib/python3/dist-packages", f"/usr/local/lib/{version}/dist-packages",
-                  f"/usr/local/lib/{version}/site-packages"]
+    candidates = [
+        os.path.join(prefix, "lib", version, "site-packages"),
+        os.path.join(prefix, "lib", "python3", "dist-packages"),
+        os.path.join(prefix, "local", "lib", version, "dist-packages"),
+        "/usr/lib/python3/dist-packages",
+        f"/usr/local/lib/{version}/dist-packages",
+        f"/usr/local/lib/{version}/site-packages",
+    ]
     seen = []
     for path in candidates:
         if os.path.isdir(path) and path not in seen:
@@ -119,15 +129,42 @@ def command(limits: Limits, *, seccomp_fd: int | None, info_fd: int | None = Non
     # --as-pid-1: Python is the PID namespace's init (the seccomp filter allows no other process, so no reaper is
     # needed), and bwrap reaps it itself. With bwrap's own init, bwrap exits as soon as init reports the status and
     # leaves init to the host's PID 1, which in many containers never reaps it (a zombie per sandbox).
-    args = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
-            "--as-pid-1",
-            "--clearenv", "--cap-drop", "ALL", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
-            "--hostname", "sandbox"]
+    args = [
+        bwrap,
+        "--unshare-all",
+        "--unshare-user",
+        "--disable-userns",
+        "--die-with-parent",
+        "--new-session",
+        "--as-pid-1",
+        "--clearenv",
+        "--cap-drop",
+        "ALL",
+        "--uid",
+        str(SANDBOX_UID),
+        "--gid",
+        str(SANDBOX_UID),
+        "--hostname",
+        "sandbox",
+    ]
     mib = 1024 * 1024
     args += _system_binds()
-    args += ["--dev", "/dev",
-             "--size", str(limits.tmp_mb * mib), "--perms", "1777", "--tmpfs", "/tmp",
-             "--size", str(limits.shm_mb * mib), "--perms", "1777", "--tmpfs", "/dev/shm"]
+    args += [
+        "--dev",
+        "/dev",
+        "--size",
+        str(limits.tmp_mb * mib),
+        "--perms",
+        "1777",
+        "--tmpfs",
+        "/tmp",
+        "--size",
+        str(limits.shm_mb * mib),
+        "--perms",
+        "1777",
+        "--tmpfs",
+        "/dev/shm",
+    ]
 
     def inside(path: str, top: str) -> bool:
         return path == top or path.startswith(top.rstrip("/") + "/")
@@ -144,10 +181,23 @@ def command(limits: Limits, *, seccomp_fd: int | None, info_fd: int | None = Non
     for path in _site_dirs(prefix):
         if any(inside(path, top) for top in bound):
             args += ["--size", "4096", "--tmpfs", path, "--remount-ro", path]
-    args += ["--remount-ro", "/dev",  # device nodes still work; no files in /dev's own (uncapped) tmpfs
-             "--remount-ro", "/",
-             "--chdir", "/tmp",
-             "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/tmp", "--setenv", "LANG", "C.UTF-8"]
+    args += [
+        "--remount-ro",
+        "/dev",  # device nodes still work; no files in /dev's own (uncapped) tmpfs
+        "--remount-ro",
+        "/",
+        "--chdir",
+        "/tmp",
+        "--setenv",
+        "PATH",
+        "/usr/bin:/bin",
+        "--setenv",
+        "HOME",
+        "/tmp",
+        "--setenv",
+        "LANG",
+        "C.UTF-8",
+    ]
     if seccomp_fd is not None:
         args += ["--seccomp", str(seccomp_fd)]
     if info_fd is not None:
@@ -157,8 +207,18 @@ def command(limits: Limits, *, seccomp_fd: int | None, info_fd: int | None = Non
 
 def _fix_for(stderr: str) -> str:
     text = stderr.lower()
-    if any(s in text for s in ("namespace", "uid map", "operation not permitted", "permission denied",
-                               "setting up uid", "clone", "no permissions")):
+    if any(
+        s in text
+        for s in (
+            "namespace",
+            "uid map",
+            "operation not permitted",
+            "permission denied",
+            "setting up uid",
+            "clone",
+            "no permissions",
+        )
+    ):
         return USERNS_HINT
     return "see docs/security.md"
 
@@ -166,16 +226,25 @@ def _fix_for(stderr: str) -> str:
 @functools.cache
 def _probe(uid: int, machine: str) -> None:
     if not seccomp.supported(machine):
-        raise SandboxUnavailable(f"the code sandbox has no seccomp table for the {machine} architecture "
-                                 f"(supported: x86_64, aarch64); for trusted code only, set {UNSAFE_ENV}=1")
+        raise SandboxUnavailable(
+            f"the code sandbox has no seccomp table for the {machine} architecture "
+            f"(supported: x86_64, aarch64); for trusted code only, set {UNSAFE_ENV}=1"
+        )
     if shutil.which("bwrap") is None:
-        raise SandboxUnavailable(f"the code sandbox needs bubblewrap (`bwrap`), which is not installed: "
-                                 f"{INSTALL_HINT}")
+        raise SandboxUnavailable(f"the code sandbox needs bubblewrap (`bwrap`), which is not installed: {INSTALL_HINT}")
     fd = seccomp.filter_fd()
     try:
         argv = command(Limits(), seccomp_fd=fd) + ["-c", "print('sandbox-ok')"]
-        proc = subprocess.run(argv, pass_fds=(fd,), env={}, cwd="/", capture_output=True, timeout=60, check=False,
-                              stdin=subprocess.DEVNULL)
+        proc = subprocess.run(
+            argv,
+            pass_fds=(fd,),
+            env={},
+            cwd="/",
+            capture_output=True,
+            timeout=60,
+            check=False,
+            stdin=subprocess.DEVNULL,
+        )
     except (OSError, subprocess.SubprocessError) as err:
         raise SandboxUnavailable(f"the code sandbox could not start bubblewrap ({err}); {INSTALL_HINT}") from None
     finally:
@@ -206,8 +275,14 @@ def isolation() -> tuple[str, ...]:
 
 def spawn(limits: Limits) -> Child:
     """A new sandbox running the runner program; it waits for its request line on stdin."""
-    cfg = json.dumps({"memory_mb": limits.memory_mb, "file_mb": limits.tmp_mb, "open_files": limits.open_files,
-                      "cpu_seconds": limits.cpu_seconds})
+    cfg = json.dumps(
+        {
+            "memory_mb": limits.memory_mb,
+            "file_mb": limits.tmp_mb,
+            "open_files": limits.open_files,
+            "cpu_seconds": limits.cpu_seconds,
+        }
+    )
     if unsafe_mode():
         return Child(command(limits, seccomp_fd=None) + ["-c", programs.source("runner"), cfg])
     fd = seccomp.filter_fd()
@@ -222,4 +297,3 @@ def spawn(limits: Limits) -> Child:
     finally:
         os.close(fd)
         os.close(info_write)
-

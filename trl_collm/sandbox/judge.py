@@ -99,9 +99,13 @@ def judge_one(payload):
             info = {}
     if "syntax_error" in info and type(info["syntax_error"]) is dict:
         se = info["syntax_error"]
-        emit(op="syntax_error", line=se.get("line") if type(se.get("line")) is int else None,
-             offset=se.get("offset") if type(se.get("offset")) is int else None,
-             message=short(str(se.get("message", ""))), text=short(str(se.get("text", "")), 500))
+        emit(
+            op="syntax_error",
+            line=se.get("line") if type(se.get("line")) is int else None,
+            offset=se.get("offset") if type(se.get("offset")) is int else None,
+            message=short(str(se.get("message", ""))),
+            text=short(str(se.get("text", "")), 500),
+        )
         emit(op="done")
         return
     if first["kind"] != "ready" or info.get("ready") is not True:
@@ -110,8 +114,12 @@ def judge_one(payload):
         dead_why = why
     else:
         load_error = info.get("load_error")
-        emit(op="load", load_error=short(str(load_error)) if load_error is not None else None,
-             entry_missing=info.get("entry") is not True, started=True)
+        emit(
+            op="load",
+            load_error=short(str(load_error)) if load_error is not None else None,
+            entry_missing=info.get("entry") is not True,
+            started=True,
+        )
         dead_why = None
 
     # --- the proxy -------------------------------------------------------------------------------------------
@@ -166,9 +174,18 @@ def judge_one(payload):
     if setup_error:
         emit(op="setup_error", error=setup_error)
 
-    ops = {ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le,
-           ast.Gt: operator.gt, ast.GtE: operator.ge, ast.Is: operator.is_, ast.IsNot: operator.is_not,
-           ast.In: lambda a, b: a in b, ast.NotIn: lambda a, b: a not in b}
+    ops = {
+        ast.Eq: operator.eq,
+        ast.NotEq: operator.ne,
+        ast.Lt: operator.lt,
+        ast.LtE: operator.le,
+        ast.Gt: operator.gt,
+        ast.GtE: operator.ge,
+        ast.Is: operator.is_,
+        ast.IsNot: operator.is_not,
+        ast.In: lambda a, b: a in b,
+        ast.NotIn: lambda a, b: a not in b,
+    }
 
     dirty = [False]
     for index, src in enumerate(payload["units"]):
@@ -212,11 +229,15 @@ def judge_one(payload):
         if dirty[0]:
             for later in range(index + 1, len(payload["units"])):
                 last_line = payload["units"][later].splitlines()[-1]
-                emit(op="test", index=later, status="not_run", got=None,
-                     message=f"{last_line}  # not run: an earlier test ran out of time")
+                emit(
+                    op="test",
+                    index=later,
+                    status="not_run",
+                    got=None,
+                    message=f"{last_line}  # not run: an earlier test ran out of time",
+                )
             break
     emit(op="done", reusable=not dirty[0])
-
 
 
 _judge_main()

@@ -160,7 +160,6 @@ def split_tests(tests: list[str] | str, entry_point: str | None = None) -> tuple
     return "\n".join(trailing), units, names
 
 
-
 # ----------------------------------------------------------------------------------------------------------------
 # The host: start the judge and the sandbox, carry messages between them
 # ----------------------------------------------------------------------------------------------------------------
@@ -171,7 +170,8 @@ class _Sandbox:
 
     def __init__(self, code: str, entry_point: str | None, limits: Limits, report: TestReport):
         self.request = (json.dumps({"mode": "serve", "code": code, "entry_point": entry_point}) + "\n").encode(
-            "utf-8", "surrogatepass")
+            "utf-8", "surrogatepass"
+        )
         self.limits, self.report = limits, report
         self.child: Child | None = None
         self.loaded = False  # the first sandbox answered "ready" (else restarting is pointless)
@@ -269,9 +269,15 @@ def run_tests(
     begin = time.monotonic()
     deadline = begin + timeout
     limits = Limits(memory_mb=int(memory_mb), tmp_mb=int(tmp_mb), cpu_seconds=math.ceil(timeout) + 1)
-    payload = {"trusted_setup": trusted_setup or "", "setup": setup, "units": units, "names": names,
-               "entry_point": entry_point, "per_test_timeout": float(per_test_timeout),
-               "setup_cpu_seconds": float(max(per_test_timeout, 1.0))}
+    payload = {
+        "trusted_setup": trusted_setup or "",
+        "setup": setup,
+        "units": units,
+        "names": names,
+        "entry_point": entry_point,
+        "per_test_timeout": float(per_test_timeout),
+        "setup_cpu_seconds": float(max(per_test_timeout, 1.0)),
+    }
     box = _Sandbox(code, entry_point, limits, report)
     judge, uses = None, 0
     done = reusable = False

@@ -26,12 +26,22 @@ EOF, TIMEOUT, TOO_LONG = "eof", "timeout", "too_long"
 class Child:
     """One child process with piped stdin / stdout (and stderr, read only at the end)."""
 
-    def __init__(self, argv: list[str], *, pass_fds: tuple[int, ...] = (), stderr_cap: int = 16384,
-                 info_fd: int | None = None):
+    def __init__(
+        self, argv: list[str], *, pass_fds: tuple[int, ...] = (), stderr_cap: int = 16384, info_fd: int | None = None
+    ):
         self.info_fd = info_fd  # read end of bwrap's --info-fd pipe (owned by this object from now on)
         self.proc = subprocess.Popen(
-            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=pass_fds,
-            close_fds=True, env={}, cwd="/", start_new_session=True, bufsize=0)
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            pass_fds=pass_fds,
+            close_fds=True,
+            env={},
+            cwd="/",
+            start_new_session=True,
+            bufsize=0,
+        )
         self.pid = self.proc.pid
         self._buf = bytearray()
         self._err = bytearray()

@@ -24,8 +24,13 @@ def _sandbox_main():
 
     cfg = json.loads(sys.argv[1])
     mib = 1024 * 1024
-    limits = [(resource.RLIMIT_AS, cfg["memory_mb"] * mib), (resource.RLIMIT_FSIZE, cfg["file_mb"] * mib),
-              (resource.RLIMIT_NOFILE, cfg["open_files"]), (resource.RLIMIT_CORE, 0), (resource.RLIMIT_MEMLOCK, 0)]
+    limits = [
+        (resource.RLIMIT_AS, cfg["memory_mb"] * mib),
+        (resource.RLIMIT_FSIZE, cfg["file_mb"] * mib),
+        (resource.RLIMIT_NOFILE, cfg["open_files"]),
+        (resource.RLIMIT_CORE, 0),
+        (resource.RLIMIT_MEMLOCK, 0),
+    ]
     for which, value in limits:
         resource.setrlimit(which, (value, value))
     # Python is the PID namespace's init, and the kernel does not deliver its own default-action signals (SIGXCPU,
@@ -45,9 +50,12 @@ def _sandbox_main():
         return text if len(text) <= 300 else text[:297] + "..."
 
     def syntax_info(err):
-        return {"line": getattr(err, "lineno", None), "offset": getattr(err, "offset", None),
-                "message": getattr(err, "msg", None) or str(err),
-                "text": (getattr(err, "text", None) or "").rstrip("\n")}
+        return {
+            "line": getattr(err, "lineno", None),
+            "offset": getattr(err, "offset", None),
+            "message": getattr(err, "msg", None) or str(err),
+            "text": (getattr(err, "text", None) or "").rstrip("\n"),
+        }
 
     if mode == "script":
         sys.stdin.close()
@@ -78,7 +86,7 @@ def _sandbox_main():
     def send(message):
         data = (dumps(message, allow_nan=False, separators=(",", ":")) + "\n").encode("utf-8", "replace")
         while data:
-            data = data[write(out_fd, data):]
+            data = data[write(out_fd, data) :]
 
     try:
         code = compile(source, "solution.py", "exec", dont_inherit=True)
@@ -108,8 +116,10 @@ def _sandbox_main():
             try:
                 reply["value"] = encode(result)  # noqa: F821
             except Unencodable as err:  # noqa: F821
-                reply["error"] = f"TypeError: {entry_point} returned {err}, not plain data (numbers, strings, " \
-                                 "lists, tuples, sets, dicts of exact built-in types)"
+                reply["error"] = (
+                    f"TypeError: {entry_point} returned {err}, not plain data (numbers, strings, "
+                    "lists, tuples, sets, dicts of exact built-in types)"
+                )
         except BaseException as err:  # noqa: BLE001
             reply["error"] = describe(err)
         try:

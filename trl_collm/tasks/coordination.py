@@ -46,8 +46,10 @@ def parse_action(text: str, num_options: int) -> int:
 
 def _matrix_prompt(agent: int, game: str, num_options: int) -> str:
     options = ", ".join(LETTERS[:num_options])
-    return (f"You are player {agent + 1} of a two-player {game} game. Both players choose at once without talking. "
-            f"Answer with one letter: {options}.")
+    return (
+        f"You are player {agent + 1} of a two-player {game} game. Both players choose at once without talking. "
+        f"Answer with one letter: {options}."
+    )
 
 
 def matrix_reward(matrix, scale: float):
@@ -78,7 +80,10 @@ class RepeatedMatrixEnv(MultiAgentEnv):
     def reset(self, row):
         self.t, self.total, self.round = 0, 0.0, row.get("round", 0)
         k = len(self.matrix)
-        return [_matrix_prompt(i, "repeated coordination", k) + f" Round {self.round}, turn 1 of {self.turns}." for i in range(2)]
+        return [
+            _matrix_prompt(i, "repeated coordination", k) + f" Round {self.round}, turn 1 of {self.turns}."
+            for i in range(2)
+        ]
 
     def step(self, completions):
         k = len(self.matrix)
@@ -89,9 +94,14 @@ class RepeatedMatrixEnv(MultiAgentEnv):
         done = self.t >= self.turns
         reward = (self.total / self.turns if done else 0.0) if self.sparse else payoff / self.turns
         played = f"Last turn: player 1 chose {LETTERS[acts[0]]}, player 2 chose {LETTERS[acts[1]]}."
-        obs = None if done else [
-            _matrix_prompt(i, "repeated coordination", k) + f" Turn {self.t + 1} of {self.turns}. {played}" for i in range(2)
-        ]
+        obs = (
+            None
+            if done
+            else [
+                _matrix_prompt(i, "repeated coordination", k) + f" Turn {self.t + 1} of {self.turns}. {played}"
+                for i in range(2)
+            ]
+        )
         return StepResult(reward=reward, observations=obs, done=done, info={"actions": acts, "payoff": payoff})
 
 
@@ -113,17 +123,23 @@ def _matrix_task(name: str, matrix, game: str, description: str):
     def load_dataset(split: str = "train", source: str | None = None, limit: int | None = None):
         return _rounds(split, limit, 0)
 
-    return register_task(TaskSpec(name, description, ["player_1", "player_2"], 1, make_env, load_dataset, max_reward=1.0))
+    return register_task(
+        TaskSpec(name, description, ["player_1", "player_2"], 1, make_env, load_dataset, max_reward=1.0)
+    )
 
 
 _matrix_task("coord-climbing", CLIMBING, "climbing", "Climbing matrix game (2 agents, 1 turn); optimum A/A = 1.0.")
-_matrix_task("coord-penalty", PENALTY, "penalty", "Penalty matrix game, k=-10 (2 agents, 1 turn); optima A/A and C/C = 1.0.")
+_matrix_task(
+    "coord-penalty", PENALTY, "penalty", "Penalty matrix game, k=-10 (2 agents, 1 turn); optima A/A and C/C = 1.0."
+)
 
 
 def _numbers_make_env(num_agents: int = 2, **options):
     def formatter(i):
-        return lambda row: (f"You are agent {i + 1} of {num_agents}. Together your digits must add up to {row['target']}. "
-                            "Answer with one digit.")
+        return lambda row: (
+            f"You are agent {i + 1} of {num_agents}. Together your digits must add up to {row['target']}. "
+            "Answer with one digit."
+        )
 
     return RewardFunctionEnv([numbers_reward], formatters=[formatter(i) for i in range(num_agents)])
 
@@ -136,9 +152,18 @@ def _numbers_dataset(split: str = "train", source: str | None = None, limit: int
     return Dataset.from_dict({"target": [rng.randint(0, 9 * num_agents) for _ in range(n)]})
 
 
-register_task(TaskSpec("coord-numbers", "Pick digits that add up to a target (2-4 agents, 1 turn); optimum 1.0.",
-                       ["agent_1", "agent_2"], 1, _numbers_make_env, _numbers_dataset, max_reward=1.0,
-                       options={"num_agents": "2 to 4 agents (dataset targets follow)"}))
+register_task(
+    TaskSpec(
+        "coord-numbers",
+        "Pick digits that add up to a target (2-4 agents, 1 turn); optimum 1.0.",
+        ["agent_1", "agent_2"],
+        1,
+        _numbers_make_env,
+        _numbers_dataset,
+        max_reward=1.0,
+        options={"num_agents": "2 to 4 agents (dataset targets follow)"},
+    )
+)
 
 
 def _repeated_make_env(turns: int = 4, sparse: bool = True, **options):
@@ -149,6 +174,15 @@ def _repeated_dataset(split: str = "train", source: str | None = None, limit: in
     return _rounds(split, limit, 0)
 
 
-register_task(TaskSpec("coord-repeated", "Climbing game repeated over turns (2 agents, default 4 turns, sparse reward); optimum 1.0.",
-                       ["player_1", "player_2"], 4, _repeated_make_env, _repeated_dataset, max_reward=1.0,
-                       options={"turns": "number of turns (default 4)", "sparse": "pay only at the last turn (default True)"}))
+register_task(
+    TaskSpec(
+        "coord-repeated",
+        "Climbing game repeated over turns (2 agents, default 4 turns, sparse reward); optimum 1.0.",
+        ["player_1", "player_2"],
+        4,
+        _repeated_make_env,
+        _repeated_dataset,
+        max_reward=1.0,
+        options={"turns": "number of turns (default 4)", "sparse": "pay only at the last turn (default True)"},
+    )
+)

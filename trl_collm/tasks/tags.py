@@ -34,8 +34,10 @@ def tags_of(row) -> dict[str, str]:
 
 def tag_prompt(row, agent: str) -> str:
     tags = tags_of(row)
-    return (f'Forum post: "{row["title"]}"\nTags: {tags["forum"]} / {tags["subject"]}\n'
-            f"You are the {agent} tagger. Answer with the post's {agent} tag only.\nTag:")
+    return (
+        f'Forum post: "{row["title"]}"\nTags: {tags["forum"]} / {tags["subject"]}\n'
+        f"You are the {agent} tagger. Answer with the post's {agent} tag only.\nTag:"
+    )
 
 
 def _words(text: str) -> set[str]:

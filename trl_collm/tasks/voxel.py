@@ -197,7 +197,9 @@ def string_target(text: str, font: Mapping[str, tuple[str, ...]] = FONT) -> Targ
         raise ValueError("StrBuild target is empty; give a string such as 'ICML'")
     missing = sorted({ch for ch in text if ch not in font})
     if missing:
-        raise ValueError(f"StrBuild target {text!r} uses letters {missing} that the font lacks; it has {''.join(sorted(font))}")
+        raise ValueError(
+            f"StrBuild target {text!r} uses letters {missing} that the font lacks; it has {''.join(sorted(font))}"
+        )
     cells: dict[Cell, str | None] = {}
     for i, ch in enumerate(text):
         x0 = i * (GLYPH + GAP)
@@ -266,7 +268,9 @@ def house_target(name: str, blueprints: Mapping[str, tuple] = BLUEPRINTS) -> Tar
         for z, row in enumerate(layer):
             for x, ch in enumerate(row):
                 if ch not in BLUEPRINT_LEGEND:
-                    raise ValueError(f"blueprint {name!r}: unknown character {ch!r} (legend {sorted(BLUEPRINT_LEGEND)})")
+                    raise ValueError(
+                        f"blueprint {name!r}: unknown character {ch!r} (legend {sorted(BLUEPRINT_LEGEND)})"
+                    )
                 if BLUEPRINT_LEGEND[ch] is not None:
                     cells[(x + m, y, z + m)] = BLUEPRINT_LEGEND[ch]
     size = (width + 2 * m, len(layers) + m, depth + 2 * m)
@@ -393,12 +397,29 @@ def render_png(world: World, path, target: Target | None = None, title: str | No
         block = world.block(cell)
         if block is not None:
             extra = target is not None and cell not in target_cells
-            ax.add_patch(Rectangle((u, v), 1, 1, facecolor=_colour(block), edgecolor="red" if extra else "black",
-                                   linewidth=2.0 if extra else 0.5))
+            ax.add_patch(
+                Rectangle(
+                    (u, v),
+                    1,
+                    1,
+                    facecolor=_colour(block),
+                    edgecolor="red" if extra else "black",
+                    linewidth=2.0 if extra else 0.5,
+                )
+            )
         elif cell in target_cells:
             want = target_cells[cell]
-            ax.add_patch(Rectangle((u + 0.08, v + 0.08), 0.84, 0.84, fill=False, linestyle="--", linewidth=0.8,
-                                   edgecolor=_colour(want) if want else "grey"))
+            ax.add_patch(
+                Rectangle(
+                    (u + 0.08, v + 0.08),
+                    0.84,
+                    0.84,
+                    fill=False,
+                    linestyle="--",
+                    linewidth=0.8,
+                    edgecolor=_colour(want) if want else "grey",
+                )
+            )
 
     for i, y in enumerate(layers):
         ax = fig.add_subplot(1, ncols, i + 1)

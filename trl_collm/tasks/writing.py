@@ -117,10 +117,38 @@ _WORD_RE = re.compile(r"[^\W_]+(?:['\u2019-][^\W_]+)*")
 MAX_WORD_CHARS = 30
 
 TRANSITIONS = (
-    "however", "therefore", "thus", "moreover", "furthermore", "meanwhile", "consequently", "because", "since",
-    "although", "though", "but", "so", "yet", "instead", "overall", "finally", "first", "then", "also", "while",
-    "in short", "in addition", "as a result", "for example", "for instance", "in contrast", "on the other hand",
-    "this means", "which means", "in particular", "in turn",
+    "however",
+    "therefore",
+    "thus",
+    "moreover",
+    "furthermore",
+    "meanwhile",
+    "consequently",
+    "because",
+    "since",
+    "although",
+    "though",
+    "but",
+    "so",
+    "yet",
+    "instead",
+    "overall",
+    "finally",
+    "first",
+    "then",
+    "also",
+    "while",
+    "in short",
+    "in addition",
+    "as a result",
+    "for example",
+    "for instance",
+    "in contrast",
+    "on the other hand",
+    "this means",
+    "which means",
+    "in particular",
+    "in turn",
 )
 _TRANSITION_RE = re.compile(r"\b(?:" + "|".join(re.escape(t) for t in TRANSITIONS) + r")\b")
 
@@ -260,14 +288,18 @@ def _as_text(completion) -> str:
 
 def _batch_scores(rules: WritingRules, name: str, completions, document) -> list[WritingScore]:
     if completions is None:
-        raise ValueError(f"reward function '{name}' needs completions (one [{rules.parts[0]}, {rules.parts[1]}] pair per episode).")
+        raise ValueError(
+            f"reward function '{name}' needs completions (one [{rules.parts[0]}, {rules.parts[1]}] pair per episode)."
+        )
     if document is None:
         raise ValueError(
             f"reward function '{name}' needs a 'document' column (the source text) in the dataset; "
             f"load the data with the task's load_dataset, which provides it."
         )
     if len(document) != len(completions):
-        raise ValueError(f"reward function '{name}' got {len(completions)} completion pairs but {len(document)} documents.")
+        raise ValueError(
+            f"reward function '{name}' got {len(completions)} completion pairs but {len(document)} documents."
+        )
     out = []
     for e, (pair, doc) in enumerate(zip(completions, document)):
         if isinstance(pair, str) or len(pair) != 2:
@@ -297,8 +329,11 @@ def make_reward_funcs(rules: WritingRules, prefix: str | None = None) -> tuple[C
         reward.__doc__ = f"{rules.task}: {suffix.replace('_', ' ')} (see docs/tasks/writing.md)."
         return reward
 
-    return make("level1", "length_reward"), make("level2", "ratio_reward"), make("level3", "style_reward"), make(
-        "total", "reward"
+    return (
+        make("level1", "length_reward"),
+        make("level2", "ratio_reward"),
+        make("level3", "style_reward"),
+        make("total", "reward"),
     )
 
 
@@ -350,7 +385,9 @@ def make_formatters(rules: WritingRules) -> dict[str, Callable[[dict], str]]:
     return {rules.parts[i]: formatter(i) for i in range(2)}
 
 
-def _make_env(rules: WritingRules, default: WritingRules, formatters=None, reward_type: str = "joint") -> RewardFunctionEnv:
+def _make_env(
+    rules: WritingRules, default: WritingRules, formatters=None, reward_type: str = "joint"
+) -> RewardFunctionEnv:
     if rules.parts != default.parts:
         raise ValueError(f"{default.task}: rules.parts must be {default.parts} (the task's agents), got {rules.parts}.")
     length, ratio, style, _ = make_reward_funcs(rules)
@@ -386,7 +423,9 @@ _TEXT_COLUMNS = {
     "writing-intro": ("document", "abstract", "text", "content", "body", "article"),
 }
 # trl-lib/tldr's prompt: "SUBREDDIT: r/x\n\nTITLE: t\n\nPOST: p\n\nTL;DR:" -> title t, document p.
-_TLDR_RE = re.compile(r"^\s*SUBREDDIT:\s*(?P<forum>\S*)\s*TITLE:\s*(?P<title>.*?)\s*POST:\s*(?P<post>.*?)\s*(?:TL;DR:\s*)?$", re.S)
+_TLDR_RE = re.compile(
+    r"^\s*SUBREDDIT:\s*(?P<forum>\S*)\s*TITLE:\s*(?P<title>.*?)\s*POST:\s*(?P<post>.*?)\s*(?:TL;DR:\s*)?$", re.S
+)
 
 
 def _is_eval(document: str) -> bool:
@@ -395,7 +434,7 @@ def _is_eval(document: str) -> bool:
     return bucket < EVAL_PERCENT
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _offline_rows(filename: str) -> tuple[dict, ...]:
     path = resources.files(__package__).joinpath("data", filename)
     rows = []
@@ -405,8 +444,9 @@ def _offline_rows(filename: str) -> tuple[dict, ...]:
         try:
             rows.append(json.loads(line))
         except json.JSONDecodeError as e:
-            raise ValueError(f"{path}, line {number}: not valid JSON ({e}); the shipped task data is damaged, "
-                             "reinstall trl-collm.") from None
+            raise ValueError(
+                f"{path}, line {number}: not valid JSON ({e}); the shipped task data is damaged, reinstall trl-collm."
+            ) from None
     return tuple(rows)
 
 
@@ -483,8 +523,13 @@ def _load(task: str, filename: str, split: str, source, limit, text_column, titl
     return Dataset.from_dict({c: [r[c] for r in rows] for c in COLUMNS})
 
 
-def load_posts(split: str = "train", source: str | None = None, limit: int | None = None,
-               text_column: str | None = None, title_column: str | None = None):
+def load_posts(
+    split: str = "train",
+    source: str | None = None,
+    limit: int | None = None,
+    text_column: str | None = None,
+    title_column: str | None = None,
+):
     """Posts for ``writing-summary`` as a ``datasets.Dataset`` with columns id, topic, title, document.
 
     ``source=None``: the offline sample shipped with the package (120 posts). Otherwise an HF dataset name (needs
@@ -494,8 +539,13 @@ def load_posts(split: str = "train", source: str | None = None, limit: int | Non
     return _load("writing-summary", "writing_posts.jsonl", split, source, limit, text_column, title_column)
 
 
-def load_abstracts(split: str = "train", source: str | None = None, limit: int | None = None,
-                   text_column: str | None = None, title_column: str | None = None):
+def load_abstracts(
+    split: str = "train",
+    source: str | None = None,
+    limit: int | None = None,
+    text_column: str | None = None,
+    title_column: str | None = None,
+):
     """Abstracts for ``writing-intro``; as :func:`load_posts` (default text columns: document/abstract/text/...)."""
     return _load("writing-intro", "writing_abstracts.jsonl", split, source, limit, text_column, title_column)
 

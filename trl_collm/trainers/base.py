@@ -40,18 +40,32 @@ def build_env(env, reward_funcs, reward_model, prompt_formatters, args, team) ->
         if getattr(env, "agent_names", None):
             check_agent_names(env, names)
         return env
-    funcs = [] if reward_funcs is None else (list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs])
+    funcs = (
+        []
+        if reward_funcs is None
+        else (list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs])
+    )
     if reward_model is not None:
         # A TRL-PPO reward model scores each agent's prompt + completion with the first agent's tokenizer.
-        funcs.append(RewardModelFunction(reward_model, team.tokenizers[names[0]], batch_size=args.local_rollout_forward_batch_size))
+        funcs.append(
+            RewardModelFunction(
+                reward_model, team.tokenizers[names[0]], batch_size=args.local_rollout_forward_batch_size
+            )
+        )
     if not funcs:
         raise ValueError("No reward: pass `reward_funcs` (GRPO-style functions), `reward_model`, or an `env`.")
     if args.num_turns > 1:
-        raise ValueError(f"`num_turns`={args.num_turns} needs an `env` that produces the next observations; reward functions are single-turn.")
+        raise ValueError(
+            f"`num_turns`={args.num_turns} needs an `env` that produces the next observations; reward functions are single-turn."
+        )
     weights = args.reward_weights
     if weights is not None and len(weights) != len(funcs):
-        raise ValueError(f"`reward_weights` has {len(weights)} entries for {len(funcs)} reward functions; give one weight per function.")
-    return RewardFunctionEnv(funcs, formatters=prompt_formatters, reward_weights=weights, agent_names=names, reward_type=args.reward_type)
+        raise ValueError(
+            f"`reward_weights` has {len(weights)} entries for {len(funcs)} reward functions; give one weight per function."
+        )
+    return RewardFunctionEnv(
+        funcs, formatters=prompt_formatters, reward_weights=weights, agent_names=names, reward_type=args.reward_type
+    )
 
 
 class TeamTrainerBase(_BaseTrainer):
@@ -136,7 +150,9 @@ class TeamTrainerBase(_BaseTrainer):
     def _batch_sizes(self):
         args = self.args
         world = self.accelerator.num_processes
-        args.local_batch_size = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.num_mini_batches
+        args.local_batch_size = (
+            args.per_device_train_batch_size * args.gradient_accumulation_steps * args.num_mini_batches
+        )
         args.micro_batch_size = args.per_device_train_batch_size * world
         args.batch_size = args.local_batch_size * world
         args.mini_batch_size = max(1, args.batch_size // args.num_mini_batches)
@@ -159,8 +175,12 @@ class TeamTrainerBase(_BaseTrainer):
             )
         generator = torch.Generator().manual_seed(args.data_seed if args.data_seed is not None else args.seed)
         loader = DataLoader(
-            self.train_dataset, batch_size=args.local_batch_size, shuffle=True, drop_last=True,
-            collate_fn=lambda rows: rows, generator=generator,
+            self.train_dataset,
+            batch_size=args.local_batch_size,
+            shuffle=True,
+            drop_last=True,
+            collate_fn=lambda rows: rows,
+            generator=generator,
         )
         return self.accelerator.prepare(loader) if self.accelerator.num_processes > 1 else loader
 
@@ -344,9 +364,16 @@ class TeamTrainerBase(_BaseTrainer):
         self.model.eval()
         try:
             return run_episodes(
-                self.team, self.env, rows, args.num_turns, self.accelerator.device, self.generation_kwargs(greedy),
-                agent_context=args.agent_context, early_termination_threshold=args.early_termination_threshold,
-                stop_token_id=args.stop_token_id, generation_batch_size=args.local_rollout_forward_batch_size,
+                self.team,
+                self.env,
+                rows,
+                args.num_turns,
+                self.accelerator.device,
+                self.generation_kwargs(greedy),
+                agent_context=args.agent_context,
+                early_termination_threshold=args.early_termination_threshold,
+                stop_token_id=args.stop_token_id,
+                generation_batch_size=args.local_rollout_forward_batch_size,
                 unwrap=self._unwrap_for_generation(),
             )
         except RuntimeError as e:
@@ -375,8 +402,10 @@ class TeamTrainerBase(_BaseTrainer):
         if checkpoint is None and self.is_world_process_zero():
             checkpoints.refuse_to_clobber(args.output_dir, args.overwrite_output_dir)
         if args.load_best_model_at_end and self.is_deepspeed_enabled:
-            raise ValueError("`load_best_model_at_end` is not supported under DeepSpeed (ZeRO partitions the "
-                             "parameters); load the best checkpoint's team from state.best_model_checkpoint instead.")
+            raise ValueError(
+                "`load_best_model_at_end` is not supported under DeepSpeed (ZeRO partitions the "
+                "parameters); load the best checkpoint's team from state.best_model_checkpoint instead."
+            )
         if args.run_name is None:  # TRL's PPO named its runs so
             args.run_name = f"{args.exp_name}__{args.seed}__{int(time.time())}"
         self._batch_sizes()
@@ -387,7 +416,8 @@ class TeamTrainerBase(_BaseTrainer):
         if self.is_deepspeed_enabled and self.model_wrapped is self.model:
             distributed.prepare_model_and_optimizer(self)  # TeamModel + optimizer -> one DeepSpeed engine
         self.state = TrainerState(
-            is_local_process_zero=self.is_local_process_zero(), is_world_process_zero=self.is_world_process_zero(),
+            is_local_process_zero=self.is_local_process_zero(),
+            is_world_process_zero=self.is_world_process_zero(),
             stateful_callbacks=self._exportable_callbacks(),
         )
         self.state.max_steps = args.num_total_batches
@@ -402,7 +432,9 @@ class TeamTrainerBase(_BaseTrainer):
             checkpoints.load_trainer_state(self.state, checkpoint)
             self._load_callback_state()
         self.control = handler.on_train_begin(args, self.state, self.control)
-        sample_every = max(1, args.num_total_batches // args.num_sample_generations) if args.num_sample_generations > 0 else None
+        sample_every = (
+            max(1, args.num_total_batches // args.num_sample_generations) if args.num_sample_generations > 0 else None
+        )
 
         def batches():
             while True:
@@ -474,11 +506,19 @@ class TeamTrainerBase(_BaseTrainer):
             if self.control.should_training_stop:
                 break
         if args.load_best_model_at_end and self.state.best_model_checkpoint is not None:
-            logger.info("loading the best checkpoint %s (%s=%s)", self.state.best_model_checkpoint,
-                        args.metric_for_best_model, self.state.best_metric)
+            logger.info(
+                "loading the best checkpoint %s (%s=%s)",
+                self.state.best_model_checkpoint,
+                args.metric_for_best_model,
+                self.state.best_metric,
+            )
             checkpoints.load_parameters(self, self.state.best_model_checkpoint)
         self.control = handler.on_train_end(args, self.state, self.control)
-        return TrainOutput(self.state.global_step, loss_sum / max(1, self.state.global_step), self._metrics_history[-1] if self._metrics_history else {})
+        return TrainOutput(
+            self.state.global_step,
+            loss_sum / max(1, self.state.global_step),
+            self._metrics_history[-1] if self._metrics_history else {},
+        )
 
     def _exportable_callbacks(self) -> list:
         return [cb for cb in self.callback_handler.callbacks + [self.control] if isinstance(cb, ExportableState)]
@@ -496,8 +536,10 @@ class TeamTrainerBase(_BaseTrainer):
 
     def _evaluate_in_training(self) -> dict:
         if self.eval_dataset is None:
-            raise ValueError("an evaluation was asked for (eval_strategy, eval_on_start or a callback's "
-                             "control.should_evaluate) but the trainer has no `eval_dataset`; pass one.")
+            raise ValueError(
+                "an evaluation was asked for (eval_strategy, eval_on_start or a callback's "
+                "control.should_evaluate) but the trainer has no `eval_dataset`; pass one."
+            )
         metrics = self.evaluate()
         new_best = self._determine_best_metric(metrics=metrics, trial=None)
         if self.args.save_strategy == "best":
@@ -533,7 +575,9 @@ class TeamTrainerBase(_BaseTrainer):
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval", greedy: bool = False):
         dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
         if dataset is None or len(dataset) == 0:
-            raise ValueError("`evaluate` needs an `eval_dataset` (at construction or as argument) with at least one row.")
+            raise ValueError(
+                "`evaluate` needs an `eval_dataset` (at construction or as argument) with at least one row."
+            )
         totals = defaultdict(float)
         count = 0
         size = self.args.per_device_eval_batch_size
@@ -578,12 +622,16 @@ class TeamTrainerBase(_BaseTrainer):
         args = self.args
         # Generation settings, so `trl-collm eval` / `play` (and the card) run the team as it was trained.
         generation = {
-            "response_length": args.response_length, "temperature": args.temperature, "top_p": args.top_p,
-            "top_k": args.top_k, "stop_token_id": args.stop_token_id,
+            "response_length": args.response_length,
+            "temperature": args.temperature,
+            "top_p": args.top_p,
+            "top_k": args.top_k,
+            "stop_token_id": args.stop_token_id,
             "max_prompt_length": {a: self.team.prompt_limits.get(a) for a in self.team.names},
         }
-        return saved_team.describe_team(self.team, type(self).__name__, args.num_turns, args.preset, self.critic,
-                                        generation=generation)
+        return saved_team.describe_team(
+            self.team, type(self).__name__, args.num_turns, args.preset, self.critic, generation=generation
+        )
 
     def create_model_card(self, model_name=None, dataset_name=None, tags=None, task=None):
         """The team card (README.md in output_dir, built by trl_collm.cards in place of TRL's single-model card):
@@ -598,14 +646,27 @@ class TeamTrainerBase(_BaseTrainer):
         facts = {"env": type(self.env).__name__, "rewards": list(getattr(self.env, "reward_func_names", []) or [])}
         try:  # the prompts an episode starts with, from the first training row, on a copy of the env
             observations = self.env.clone().reset(self.train_dataset[0])
-            facts["example_prompts"] = {a: self.team.decode_observation(a, o) for a, o in zip(self.team.names, observations)}
+            facts["example_prompts"] = {
+                a: self.team.decode_observation(a, o) for a, o in zip(self.team.names, observations)
+            }
         except Exception:  # noqa: BLE001 - a card must not fail on an env that cannot reset outside a batch
             pass
         return facts
 
     # The config fields the model card lists (those the trainer's config has).
-    _card_fields = ("advantage_level", "policy_loss_type", "num_ppo_epochs", "kl_coef", "num_generations", "joint_mode",
-                    "expansion", "baseline", "loss_type", "gamma", "learning_rate")
+    _card_fields = (
+        "advantage_level",
+        "policy_loss_type",
+        "num_ppo_epochs",
+        "kl_coef",
+        "num_generations",
+        "joint_mode",
+        "expansion",
+        "baseline",
+        "loss_type",
+        "gamma",
+        "learning_rate",
+    )
 
     def _algorithm_facts(self) -> dict:
         facts = {}
@@ -614,13 +675,23 @@ class TeamTrainerBase(_BaseTrainer):
         facts.update({k: getattr(self.args, k) for k in self._card_fields if hasattr(self.args, k)})
         return facts
 
-    def push_to_hub(self, commit_message: str | None = "End of training", blocking: bool = True, token: str | None = None,
-                    revision: str | None = None, include_critic: bool = True, **kwargs):
+    def push_to_hub(
+        self,
+        commit_message: str | None = "End of training",
+        blocking: bool = True,
+        token: str | None = None,
+        revision: str | None = None,
+        include_critic: bool = True,
+        **kwargs,
+    ):
         """Publish the whole team: every agent folder, team.json, the team card and (unless include_critic=False)
         the critic. Extra keyword arguments (e.g. dataset_name) go to the model card."""
         import transformers.trainer as hf_trainer
 
-        model_name = kwargs.pop("model_name", None) or (self.args.hub_model_id or self.args.output_dir).rstrip("/").split("/")[-1]
+        model_name = (
+            kwargs.pop("model_name", None)
+            or (self.args.hub_model_id or self.args.output_dir).rstrip("/").split("/")[-1]
+        )
         token = token if token is not None else self.args.hub_token
         if self.hub_model_id is None:
             self.init_hf_repo(token=token)
@@ -628,10 +699,17 @@ class TeamTrainerBase(_BaseTrainer):
         if not self.is_world_process_zero():
             return None
         self.create_model_card(model_name=model_name, **kwargs)
-        ignore = ["_*", "checkpoint-*", "checkpoint-*/**", "runs/**"] + ([] if include_critic else ["critic/*", "critic/**"])
+        ignore = ["_*", "checkpoint-*", "checkpoint-*/**", "runs/**"] + (
+            [] if include_critic else ["critic/*", "critic/**"]
+        )
         return hf_trainer.hf_api().upload_folder(
-            repo_id=self.hub_model_id, folder_path=self.args.output_dir, commit_message=commit_message, token=token,
-            run_as_future=not blocking, ignore_patterns=ignore, revision=revision or self.args.hub_revision,
+            repo_id=self.hub_model_id,
+            folder_path=self.args.output_dir,
+            commit_message=commit_message,
+            token=token,
+            run_as_future=not blocking,
+            ignore_patterns=ignore,
+            revision=revision or self.args.hub_revision,
         )
 
     def _single_agent(self) -> bool:
@@ -677,8 +755,8 @@ def _fold_single_agent_metrics(metrics: dict, name: str) -> dict:
     prefix = f"{name}/"
     out = {k: v for k, v in metrics.items() if not k.startswith(prefix)}
     for k, v in metrics.items():
-        if k.startswith(prefix) and k[len(prefix):] not in out:
-            out[k[len(prefix):]] = v
+        if k.startswith(prefix) and k[len(prefix) :] not in out:
+            out[k[len(prefix) :]] = v
     return out
 
 

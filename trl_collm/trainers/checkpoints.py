@@ -153,8 +153,10 @@ def resolve(resume_from_checkpoint, output_dir: str) -> str | None:
         return found[-1]
     path = str(resume_from_checkpoint)
     if not os.path.isfile(os.path.join(path, MARKER)):
-        raise ValueError(f"`resume_from_checkpoint`={path!r} is not a complete checkpoint (no {MARKER} file); pass another "
-                         "checkpoint-* folder or True for the latest complete one.")
+        raise ValueError(
+            f"`resume_from_checkpoint`={path!r} is not a complete checkpoint (no {MARKER} file); pass another "
+            "checkpoint-* folder or True for the latest complete one."
+        )
     return path
 
 
@@ -171,9 +173,13 @@ def load_checkpoint(trainer, path: str) -> dict:
     untouched = [n for n, p in params.items() if p.requires_grad and n not in state["params"]]
     reshaped = [n for n, v in state["params"].items() if n in params and tuple(v.shape) != tuple(params[n].shape)]
     if unknown or untouched or reshaped:
-        what = (f"parameters this team lacks {unknown[:3]}" if unknown else
-                f"no value for this team's parameters {untouched[:3]}" if untouched else
-                f"other shapes for {reshaped[:3]}")
+        what = (
+            f"parameters this team lacks {unknown[:3]}"
+            if unknown
+            else f"no value for this team's parameters {untouched[:3]}"
+            if untouched
+            else f"other shapes for {reshaped[:3]}"
+        )
         raise ValueError(
             f"checkpoint {path!r} does not match this team ({what}); it was written by a run with other agents, models "
             "or critic settings. Resume with the same configuration, or start over in another output_dir."
@@ -223,7 +229,9 @@ def read_state(path: str) -> dict:
         ) from None
     missing = [k for k in _STATE_KEYS if not isinstance(state, dict) or k not in state]
     if missing:
-        raise ValueError(f"{file!r} is damaged: it lacks {missing}. Delete {path!r} and resume from another checkpoint.")
+        raise ValueError(
+            f"{file!r} is damaged: it lacks {missing}. Delete {path!r} and resume from another checkpoint."
+        )
     bad = first_nonfinite(state["params"].items())
     if bad is None and state["optimizer"] is not None:
         bad = optimizer_state_nonfinite(state["optimizer"])

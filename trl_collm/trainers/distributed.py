@@ -236,7 +236,7 @@ def full_state_dict(trainer) -> dict | None:
 def sub_state_dict(full: dict | None, prefix: str) -> dict | None:
     if full is None:
         return None
-    return {k[len(prefix):]: v for k, v in full.items() if k.startswith(prefix)}
+    return {k[len(prefix) :]: v for k, v in full.items() if k.startswith(prefix)}
 
 
 def save_shared_adapter(peft_model, adapter: str, folder: str, state_dict: dict | None) -> None:
@@ -257,7 +257,9 @@ def average_gradients(trainer) -> None:
     if world <= 1:
         return
     params = [p for g in trainer.optimizer.param_groups for p in g["params"]]
-    has_grad = torch.tensor([p.grad is not None for p in params], dtype=torch.float32, device=trainer.accelerator.device)
+    has_grad = torch.tensor(
+        [p.grad is not None for p in params], dtype=torch.float32, device=trainer.accelerator.device
+    )
     torch.distributed.all_reduce(has_grad)
     for p, any_grad in zip(params, has_grad.tolist()):
         if any_grad == 0:
@@ -273,7 +275,7 @@ def average_gradients(trainer) -> None:
     offset = 0
     for g in grads:
         n = g.numel()
-        g.copy_(flat[offset:offset + n].view_as(g))
+        g.copy_(flat[offset : offset + n].view_as(g))
         offset += n
 
 

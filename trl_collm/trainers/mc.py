@@ -58,14 +58,43 @@ class MultiAgentMCTrainer(TeamTrainerBase):
         "author={Liu, Shuo and Liang, Zeyu and Lyu, Xueguang and Amato, Christopher}, journal={arXiv:2508.04652}, year={2025}}",
     }
 
-    def __init__(self, args: MultiAgentMCConfig | None = None, processing_class=None, model=None, ref_model=None,
-                 reward_model=None, train_dataset=None, data_collator=None, eval_dataset=None, optimizers=(None, None),
-                 callbacks=None, peft_config=None, reward_funcs=None, env=None, **kwargs):
+    def __init__(
+        self,
+        args: MultiAgentMCConfig | None = None,
+        processing_class=None,
+        model=None,
+        ref_model=None,
+        reward_model=None,
+        train_dataset=None,
+        data_collator=None,
+        eval_dataset=None,
+        optimizers=(None, None),
+        callbacks=None,
+        peft_config=None,
+        reward_funcs=None,
+        env=None,
+        **kwargs,
+    ):
         args = args or MultiAgentMCConfig(output_dir="outputs/mc")
         if not isinstance(args, MultiAgentMCConfig):
             raise TypeError(f"`args` must be a MultiAgentMCConfig, got {type(args).__name__}.")
-        super().__init__(args, processing_class, model, ref_model, reward_model, train_dataset, None, data_collator,
-                         eval_dataset, optimizers, callbacks, peft_config, reward_funcs, env, **kwargs)
+        super().__init__(
+            args,
+            processing_class,
+            model,
+            ref_model,
+            reward_model,
+            train_dataset,
+            None,
+            data_collator,
+            eval_dataset,
+            optimizers,
+            callbacks,
+            peft_config,
+            reward_funcs,
+            env,
+            **kwargs,
+        )
         self._generator = torch.Generator().manual_seed(args.seed)
 
     def checkpoint_state(self) -> dict:
@@ -90,29 +119,59 @@ class MultiAgentMCTrainer(TeamTrainerBase):
     def sample(self, rows: list[dict]) -> SampleTree:
         args = self.args
         self.model.eval()
-        common = dict(stop_token_id=args.stop_token_id, generation_batch_size=args.local_rollout_forward_batch_size,
-                      unwrap=self._unwrap_for_generation())
+        common = dict(
+            stop_token_id=args.stop_token_id,
+            generation_batch_size=args.local_rollout_forward_batch_size,
+            unwrap=self._unwrap_for_generation(),
+        )
         if args.joint_mode == "cross":
-            return run_cross(self.team, self.env, rows, args.num_generations, args.max_joint_combinations,
-                             self.accelerator.device, self.generation_kwargs(), self._generator, **common)
-        return run_tree(self.team, self.env, rows, args.num_turns, args.num_generations, args.expansion,
-                        self.accelerator.device, self.generation_kwargs(), agent_context=args.agent_context,
-                        early_termination_threshold=args.early_termination_threshold, **common)
+            return run_cross(
+                self.team,
+                self.env,
+                rows,
+                args.num_generations,
+                args.max_joint_combinations,
+                self.accelerator.device,
+                self.generation_kwargs(),
+                self._generator,
+                **common,
+            )
+        return run_tree(
+            self.team,
+            self.env,
+            rows,
+            args.num_turns,
+            args.num_generations,
+            args.expansion,
+            self.accelerator.device,
+            self.generation_kwargs(),
+            agent_context=args.agent_context,
+            early_termination_threshold=args.early_termination_threshold,
+            **common,
+        )
 
     def advantages(self, tree: SampleTree) -> MCAdvantages:
         """Per turn, (N_t, n) advantages: return minus the baseline of the node's group, per agent."""
         args = self.args
         rewards = tree.rewards
         if args.missing_eos_penalty is not None:  # as TRL: a completion that never stopped scores less
-            rewards = [r - args.missing_eos_penalty * torch.stack(
-                [(~turn[a].gen.ended).float().cpu() for a in tree.agent_names], dim=-1) for r, turn in zip(rewards, tree.turns)]
+            rewards = [
+                r
+                - args.missing_eos_penalty
+                * torch.stack([(~turn[a].gen.ended).float().cpu() for a in tree.agent_names], dim=-1)
+                for r, turn in zip(rewards, tree.turns)
+            ]
         returns = tree.returns(args.gamma, rewards)
         out = []
         for t, ret in enumerate(returns):
             mask = tree.credit_mask[t] if tree.credit_mask is not None else torch.ones_like(ret, dtype=torch.bool)
             adv = torch.stack(
-                [alg.group_advantages(ret[:, i], tree.groups[t], mask[:, i], args.baseline, args.scale_advantages)
-                 for i in range(ret.shape[1])], dim=-1)
+                [
+                    alg.group_advantages(ret[:, i], tree.groups[t], mask[:, i], args.baseline, args.scale_advantages)
+                    for i in range(ret.shape[1])
+                ],
+                dim=-1,
+            )
             out.append(adv)
         return MCAdvantages(out, returns)
 
@@ -123,8 +182,10 @@ class MultiAgentMCTrainer(TeamTrainerBase):
     def learn(self, tree: SampleTree) -> dict:
         """Advantages, (old / reference log-probs when needed) and the update, for one sampled tree."""
         scored = self.score_tree(tree)
-        pairs = [torch.stack([torch.arange(len(ids)), torch.full((len(ids),), t)], -1)
-                 for t, ids in enumerate(turn[self.team.names[0]].episode_ids for turn in scored.turns)]
+        pairs = [
+            torch.stack([torch.arange(len(ids)), torch.full((len(ids),), t)], -1)
+            for t, ids in enumerate(turn[self.team.names[0]].episode_ids for turn in scored.turns)
+        ]
         self.model.train()
         args = self.args
         logs = self.run_updates(scored, torch.cat(pairs), args.num_iterations, args.update_schedule == "per_agent_turn")
@@ -145,7 +206,8 @@ class MultiAgentMCTrainer(TeamTrainerBase):
             for i, a in enumerate(names):
                 at = turn[a]
                 scored[a] = MCTurn(
-                    at, advantages=advantages.advantages[t][:, i],
+                    at,
+                    advantages=advantages.advantages[t][:, i],
                     sample_mask=tree.credit_mask[t][:, i] if tree.credit_mask is not None else None,
                     old_logprobs=self._logprobs(a, at, temp, reference=False) if need_old else None,
                     ref_logprobs=self._logprobs(a, at, temp, reference=True) if args.beta != 0 else None,
@@ -155,8 +217,13 @@ class MultiAgentMCTrainer(TeamTrainerBase):
 
     def _logprobs(self, a: str, at: AgentTurn, temp: float, reference: bool) -> torch.Tensor:
         g = at.gen
-        return _chunked(lambda s: self.team.logprobs(a, g.query_ids[s], g.query_mask[s], g.response_ids[s], g.response_mask[s], temp,
-                                                     reference=reference)[0], len(g.query_ids), self.args.local_rollout_forward_batch_size)
+        return _chunked(
+            lambda s: self.team.logprobs(
+                a, g.query_ids[s], g.query_mask[s], g.response_ids[s], g.response_mask[s], temp, reference=reference
+            )[0],
+            len(g.query_ids),
+            self.args.local_rollout_forward_batch_size,
+        )
 
     def step_losses(self, scored: ScoredTree, mpairs: torch.Tensor, agents: list[str], logs):
         """The agents' policy losses (no critic)."""
@@ -170,7 +237,9 @@ class MultiAgentMCTrainer(TeamTrainerBase):
         mask = g.response_mask[rows]
         if at.sample_mask is not None:  # cross mode: samples that took part in no joint action carry no signal
             mask = mask & at.sample_mask[rows].to(mask.device).unsqueeze(-1)
-        new, ent = self.team.logprobs(a, g.query_ids[rows], g.query_mask[rows], g.response_ids[rows], mask, temp, with_entropy=True)
+        new, ent = self.team.logprobs(
+            a, g.query_ids[rows], g.query_mask[rows], g.response_ids[rows], mask, temp, with_entropy=True
+        )
         adv = at.advantages[rows].to(new.device)
         if args.loss_type == "reinforce":
             loss = alg.policy_loss_reinforce(new, adv, mask)
@@ -182,7 +251,11 @@ class MultiAgentMCTrainer(TeamTrainerBase):
             kl = alg.masked_mean(alg.kl_per_token(new, at.ref_logprobs[rows], args.kl_estimator), mask)
             loss = loss + args.beta * kl
             logs["objective/kl"].append(float(kl.detach()))
-        for key, val in (("loss/policy_avg", loss), ("policy/entropy_avg", alg.masked_mean(ent, mask)), ("policy/clipfrac_avg", clipfrac)):
+        for key, val in (
+            ("loss/policy_avg", loss),
+            ("policy/entropy_avg", alg.masked_mean(ent, mask)),
+            ("policy/clipfrac_avg", clipfrac),
+        ):
             logs[key].append(float(val.detach()))
             logs[f"{a}/{key}"].append(float(val.detach()))
         return loss

@@ -92,34 +92,54 @@ class MultiAgentMCConfig(TeamConfig):
     presets = MC_PRESETS
 
     learning_rate: float = field(default=5e-6, metadata={"help": "Learning rate of the agents."})
-    num_generations: int = field(default=4, metadata={"help": "G: completions sampled per agent per prompt (per tree node)."})
+    num_generations: int = field(
+        default=4, metadata={"help": "G: completions sampled per agent per prompt (per tree node)."}
+    )
     joint_mode: str = field(
         default="aligned",
-        metadata={"help": "'aligned': the g-th samples of all agents form the g-th joint action (G joint actions); 'cross': every "
-                  "combination of the agents' samples (capped by max_joint_combinations), each sample credited with the mean "
-                  "return of the combinations it took part in (single-turn only)."},
+        metadata={
+            "help": "'aligned': the g-th samples of all agents form the g-th joint action (G joint actions); 'cross': every "
+            "combination of the agents' samples (capped by max_joint_combinations), each sample credited with the mean "
+            "return of the combinations it took part in (single-turn only)."
+        },
     )
-    max_joint_combinations: int = field(default=16, metadata={"help": "Cap on the joint actions per prompt in 'cross' mode (sampled when exceeded)."})
+    max_joint_combinations: int = field(
+        default=16, metadata={"help": "Cap on the joint actions per prompt in 'cross' mode (sampled when exceeded)."}
+    )
     expansion: str = field(
         default="tree",
-        metadata={"help": "Multi-turn: 'tree' (every node samples G children: G^T leaves per prompt) or 'per_branch' (G independent "
-                  "branches per prompt: G*T generations)."},
+        metadata={
+            "help": "Multi-turn: 'tree' (every node samples G children: G^T leaves per prompt) or 'per_branch' (G independent "
+            "branches per prompt: G*T generations)."
+        },
     )
-    baseline: str = field(default="mean", metadata={"help": "Group baseline: 'mean', 'loo' (leave-one-out mean), 'max' or 'none'."})
-    scale_advantages: bool = field(default=False, metadata={"help": "Divide advantages by the group's std (GRPO-style)."})
+    baseline: str = field(
+        default="mean", metadata={"help": "Group baseline: 'mean', 'loo' (leave-one-out mean), 'max' or 'none'."}
+    )
+    scale_advantages: bool = field(
+        default=False, metadata={"help": "Divide advantages by the group's std (GRPO-style)."}
+    )
     loss_type: str = field(
         default="reinforce",
-        metadata={"help": "'reinforce' (on-policy, -(sum of log-probs) * A, no ratio/clip) or 'clipped' (ratio surrogate over num_iterations)."},
+        metadata={
+            "help": "'reinforce' (on-policy, -(sum of log-probs) * A, no ratio/clip) or 'clipped' (ratio surrogate over num_iterations)."
+        },
     )
     num_iterations: int = field(default=1, metadata={"help": "Inner iterations over each batch (loss_type='clipped')."})
     epsilon: float = field(default=0.2, metadata={"help": "Clip range of the ratio (loss_type='clipped')."})
-    beta: float = field(default=0.0, metadata={"help": "KL coefficient to the reference policy (0: no reference is kept)."})
+    beta: float = field(
+        default=0.0, metadata={"help": "KL coefficient to the reference policy (0: no reference is kept)."}
+    )
     kl_estimator: str = field(default="k3", metadata={"help": "KL estimator for beta: 'k1' or 'k3'."})
     update_schedule: str = field(
         default="joint",
-        metadata={"help": "'joint': one optimizer step per minibatch for all agents; 'per_agent_turn': one step per (agent, turn) group (MAGRPO)."},
+        metadata={
+            "help": "'joint': one optimizer step per minibatch for all agents; 'per_agent_turn': one step per (agent, turn) group (MAGRPO)."
+        },
     )
-    preset: str | None = field(default=None, metadata={"help": "'magrpo': MAGRPO's update rule (see docs/algorithm.md)."})
+    preset: str | None = field(
+        default=None, metadata={"help": "'magrpo': MAGRPO's update rule (see docs/algorithm.md)."}
+    )
 
     def uses_reference(self) -> bool:
         return self.beta != 0
@@ -128,12 +148,18 @@ class MultiAgentMCConfig(TeamConfig):
         super()._validate()
         self._check_choices(_MC_CHOICES)
         if self.num_generations < 2 and self.baseline != "none":
-            raise ValueError(f"`num_generations`={self.num_generations}: a group baseline needs >= 2 samples; raise it or set baseline='none'.")
+            raise ValueError(
+                f"`num_generations`={self.num_generations}: a group baseline needs >= 2 samples; raise it or set baseline='none'."
+            )
         if self.num_generations < 1 or self.num_iterations < 1 or self.max_joint_combinations < 1:
             raise ValueError("`num_generations`, `num_iterations` and `max_joint_combinations` must be >= 1.")
         if self.joint_mode == "cross" and self.num_turns > 1:
-            raise ValueError("`joint_mode='cross'` is single-turn; use joint_mode='aligned' with expansion='tree' for multi-turn.")
+            raise ValueError(
+                "`joint_mode='cross'` is single-turn; use joint_mode='aligned' with expansion='tree' for multi-turn."
+            )
         if self.loss_type == "reinforce" and self.num_iterations > 1:
-            raise ValueError("`loss_type='reinforce'` is on-policy (no ratio); set `num_iterations=1` or use loss_type='clipped'.")
+            raise ValueError(
+                "`loss_type='reinforce'` is on-policy (no ratio); set `num_iterations=1` or use loss_type='clipped'."
+            )
         if self.epsilon <= 0:
             raise ValueError(f"`epsilon` must be > 0, got {self.epsilon}.")

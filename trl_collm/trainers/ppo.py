@@ -65,12 +65,42 @@ class MultiAgentPPOTrainer(TeamTrainerBase):
         "author={Liu, Shuo and Chen, Tianle and Amiri, Ryan and Amato, Christopher}, booktitle={ICML}, year={2026}}",
     }
 
-    def __init__(self, args: MultiAgentPPOConfig | None = None, processing_class=None, model=None, ref_model=None,
-                 reward_model=None, train_dataset=None, value_model=None, data_collator=None, eval_dataset=None,
-                 optimizers=(None, None), callbacks=None, peft_config=None, reward_funcs=None, env=None, **kwargs):
+    def __init__(
+        self,
+        args: MultiAgentPPOConfig | None = None,
+        processing_class=None,
+        model=None,
+        ref_model=None,
+        reward_model=None,
+        train_dataset=None,
+        value_model=None,
+        data_collator=None,
+        eval_dataset=None,
+        optimizers=(None, None),
+        callbacks=None,
+        peft_config=None,
+        reward_funcs=None,
+        env=None,
+        **kwargs,
+    ):
         args = args or MultiAgentPPOConfig(output_dir="outputs/ppo")
-        super().__init__(args, processing_class, model, ref_model, reward_model, train_dataset, value_model, data_collator,
-                         eval_dataset, optimizers, callbacks, peft_config, reward_funcs, env, **kwargs)
+        super().__init__(
+            args,
+            processing_class,
+            model,
+            ref_model,
+            reward_model,
+            train_dataset,
+            value_model,
+            data_collator,
+            eval_dataset,
+            optimizers,
+            callbacks,
+            peft_config,
+            reward_funcs,
+            env,
+            **kwargs,
+        )
         self.value_rms = alg.RunningMeanStd() if args.value_normalization else None
 
     def checkpoint_state(self) -> dict:
@@ -99,8 +129,11 @@ class MultiAgentPPOTrainer(TeamTrainerBase):
     def _values(self, cb: CriticBatch) -> torch.Tensor:
         """The critic's values for a whole batch, in chunks of local_rollout_forward_batch_size rows."""
         device = self.accelerator.device
-        return _chunked(lambda s: self.critic.values(cb, device, torch.arange(len(cb.views))[s]), len(cb.views),
-                        self.args.local_rollout_forward_batch_size)
+        return _chunked(
+            lambda s: self.critic.values(cb, device, torch.arange(len(cb.views))[s]),
+            len(cb.views),
+            self.args.local_rollout_forward_batch_size,
+        )
 
     # ------------------------------------------------------------------ scoring (no grad)
     @torch.no_grad()
@@ -130,13 +163,28 @@ class MultiAgentPPOTrainer(TeamTrainerBase):
                     old = torch.zeros(g.response_ids.shape, device=g.response_ids.device)
                     scored[a] = PPOTurn(at, old_logprobs=old, old_deferred=True)
                     continue
-                old = _chunked(lambda s: team.logprobs(a, g.query_ids[s], g.query_mask[s], g.response_ids[s],
-                                                       g.response_mask[s], temp)[0], len(at.episode_ids), chunk)
+                old = _chunked(
+                    lambda s: team.logprobs(
+                        a, g.query_ids[s], g.query_mask[s], g.response_ids[s], g.response_mask[s], temp
+                    )[0],
+                    len(at.episode_ids),
+                    chunk,
+                )
                 scored[a] = st = PPOTurn(at, old_logprobs=old)
                 if args.kl_coef != 0 and team.has_reference(a):
-                    ref = _chunked(lambda s: team.logprobs(a, g.query_ids[s], g.query_mask[s], g.response_ids[s],
-                                                           g.response_mask[s], temp, reference=True)[0],
-                                   len(at.episode_ids), chunk)
+                    ref = _chunked(
+                        lambda s: team.logprobs(
+                            a,
+                            g.query_ids[s],
+                            g.query_mask[s],
+                            g.response_ids[s],
+                            g.response_mask[s],
+                            temp,
+                            reference=True,
+                        )[0],
+                        len(at.episode_ids),
+                        chunk,
+                    )
                     st.ref_logprobs = ref
                     st.kl = alg.kl_per_token(old, ref, args.kl_estimator).masked_fill(~g.response_mask, 0)
                     kl_seq[at.episode_ids, t, i] = st.kl.sum(-1).cpu()
@@ -157,8 +205,9 @@ class MultiAgentPPOTrainer(TeamTrainerBase):
             "objective/entropy": None if defer else float((-logp_seq).sum((1, 2)).mean()),
             "objective/non_score_reward": float((-args.kl_coef * kl_seq).sum((1, 2)).mean()),
             "objective/scores": float((scores * roll.turn_mask.unsqueeze(-1)).sum(1).mean()),
-            "objective/rlhf_reward": float((scores * roll.turn_mask.unsqueeze(-1)).sum(1).mean()
-                                           - args.kl_coef * kl_seq.sum((1, 2)).mean()),
+            "objective/rlhf_reward": float(
+                (scores * roll.turn_mask.unsqueeze(-1)).sum(1).mean() - args.kl_coef * kl_seq.sum((1, 2)).mean()
+            ),
             "objective/turns": float(roll.turn_mask.float().sum(1).mean()),
             "val/num_eos_tokens": float(sum(sum(num_eos[a]) for a in names)),
         }
@@ -191,8 +240,9 @@ class MultiAgentPPOTrainer(TeamTrainerBase):
         for cb in cbs:
             cb.returns = cb.column_targets(ret, names)
         adv = self._normalize_advantages(adv, mask)
-        per_turn = [{a: adv[turn[a].episode_ids, t, i] for i, a in enumerate(names)}
-                    for t, turn in enumerate(roll.turns)]
+        per_turn = [
+            {a: adv[turn[a].episode_ids, t, i] for i, a in enumerate(names)} for t, turn in enumerate(roll.turns)
+        ]
         return PPOAdvantages(per_turn, values, returns, raw, value_table=V, return_table=ret)
 
     def _normalize_advantages(self, adv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -202,15 +252,17 @@ class MultiAgentPPOTrainer(TeamTrainerBase):
         E, T, n = adv.shape
         agent_id = torch.arange(n).view(1, 1, n).expand(E, T, n)
         turn_id = torch.arange(T).view(1, T, 1).expand(E, T, n)
-        groups = {"batch": torch.zeros_like(agent_id), "agent": agent_id,
-                  "agent_turn": agent_id * T + turn_id}[args.advantage_norm_scope]
+        groups = {"batch": torch.zeros_like(agent_id), "agent": agent_id, "agent_turn": agent_id * T + turn_id}[
+            args.advantage_norm_scope
+        ]
         full_mask = mask.unsqueeze(-1).expand(E, T, n)
         if args.advantage_norm_std_floor is not None:
             return alg.zscore_by_group(adv, groups, full_mask, unbiased=False, std_floor=args.advantage_norm_std_floor)
         return alg.zscore_by_group(adv, groups, full_mask, unbiased=True)
 
-    def _token_advantages(self, turns: list[dict[str, PPOTurn]], cbs: list[CriticBatch],
-                          scores: torch.Tensor) -> PPOAdvantages:
+    def _token_advantages(
+        self, turns: list[dict[str, PPOTurn]], cbs: list[CriticBatch], scores: torch.Tensor
+    ) -> PPOAdvantages:
         """TRL PPO semantics: per-token values, per-token KL penalty, score at the last response token."""
         args, names = self.args, self.team.names
         turn = turns[0]
@@ -225,8 +277,9 @@ class MultiAgentPPOTrainer(TeamTrainerBase):
                 v = self.value_rms.denormalize(v)
             v = v.masked_fill(~mask, 0)
             kl = st.kl if st.kl is not None else torch.zeros_like(v)
-            r, non_score = alg.token_level_rewards(scores[st.episode_ids, 0, names.index(a)].to(v.device), kl, mask,
-                                                   args.kl_coef)
+            r, non_score = alg.token_level_rewards(
+                scores[st.episode_ids, 0, names.index(a)].to(v.device), kl, mask, args.kl_coef
+            )
             if args.whiten_rewards:
                 r = alg.whiten(r, mask, shift_mean=False)
             adv, ret = alg.gae(r, v, mask.float(), args.gamma, args.lam)
@@ -246,8 +299,9 @@ class MultiAgentPPOTrainer(TeamTrainerBase):
                 normalized[a] = ((raw[a] - mean) / (std + 1e-8)).masked_fill(~m, 0)
             else:
                 normalized[a] = raw[a]
-        return PPOAdvantages([normalized], torch.cat(all_values).cpu(), torch.cat(all_returns).cpu(),
-                             torch.cat(all_adv).cpu())
+        return PPOAdvantages(
+            [normalized], torch.cat(all_values).cpu(), torch.cat(all_returns).cpu(), torch.cat(all_adv).cpu()
+        )
 
     # ------------------------------------------------------------------ update
     def training_iteration(self, rows: list[dict]) -> dict:
@@ -259,8 +313,9 @@ class MultiAgentPPOTrainer(TeamTrainerBase):
         metrics = dict(scored.metrics)
         metrics.update(self.update(scored))
         if metrics["objective/entropy"] is None:  # deferred: the update filled the old log-probs
-            metrics["objective/entropy"] = float(sum(-st.old_logprobs.sum() for turn in scored.turns
-                                                     for st in turn.values())) / roll.num_episodes
+            metrics["objective/entropy"] = (
+                float(sum(-st.old_logprobs.sum() for turn in scored.turns for st in turn.values())) / roll.num_episodes
+            )
         metrics.update(self._critic_diagnostics(scored))
         return metrics
 
@@ -307,22 +362,30 @@ class MultiAgentPPOTrainer(TeamTrainerBase):
         g = st.gen
         temp = args.temperature if args.scale_logits_by_temperature else 1.0
         mask = g.response_mask[rows]
-        new, ent = self.team.logprobs(a, g.query_ids[rows], g.query_mask[rows], g.response_ids[rows], mask, temp,
-                                      with_entropy=True)
+        new, ent = self.team.logprobs(
+            a, g.query_ids[rows], g.query_mask[rows], g.response_ids[rows], mask, temp, with_entropy=True
+        )
         if st.old_deferred:  # see _defer_old_logprobs: this forward is the first with these weights
             st.old_logprobs[rows] = new.detach()
         adv = st.advantages[rows].to(new.device)
         if args.policy_loss_type == "reinforce":
             loss = alg.policy_loss_reinforce(new, adv, mask)
             ratio = torch.exp((new - st.old_logprobs[rows]).masked_fill(~mask, 0))
-            stats = {"clipfrac": torch.tensor(0.0),
-                     "approxkl": 0.5 * alg.masked_mean((new - st.old_logprobs[rows]) ** 2, mask),
-                     "ratio_mean": alg.masked_mean(ratio, mask)}
+            stats = {
+                "clipfrac": torch.tensor(0.0),
+                "approxkl": 0.5 * alg.masked_mean((new - st.old_logprobs[rows]) ** 2, mask),
+                "ratio_mean": alg.masked_mean(ratio, mask),
+            }
         else:
             loss, stats = alg.policy_loss_clipped(new, st.old_logprobs[rows], adv, mask, args.cliprange)
         ent_mean = alg.masked_mean(ent, mask)
-        logged = (("policy/approxkl_avg", stats["approxkl"]), ("policy/clipfrac_avg", stats["clipfrac"]),
-                  ("loss/policy_avg", loss), ("policy/entropy_avg", ent_mean), ("val/ratio", stats["ratio_mean"]))
+        logged = (
+            ("policy/approxkl_avg", stats["approxkl"]),
+            ("policy/clipfrac_avg", stats["clipfrac"]),
+            ("loss/policy_avg", loss),
+            ("policy/entropy_avg", ent_mean),
+            ("val/ratio", stats["ratio_mean"]),
+        )
         for key, val in logged:
             logs[key].append(float(val.detach()))
             logs[f"{a}/{key}"].append(float(val.detach()))
@@ -358,7 +421,8 @@ class MultiAgentPPOTrainer(TeamTrainerBase):
         if s.value_table is not None:  # turn-level
             mask = scored.rollout.turn_mask
             for i, a in enumerate(self.team.names):
-                out[f"{a}/critic/explained_variance"] = alg.explained_variance(s.value_table[:, :, i],
-                                                                               s.return_table[:, :, i], mask)
+                out[f"{a}/critic/explained_variance"] = alg.explained_variance(
+                    s.value_table[:, :, i], s.return_table[:, :, i], mask
+                )
                 out[f"{a}/critic/value_mean"] = float(s.value_table[:, :, i][mask].mean())
         return out

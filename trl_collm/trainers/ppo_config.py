@@ -136,63 +136,101 @@ class MultiAgentPPOConfig(TeamConfig):
     # ------------------------------------------------------------------ TRL PPOConfig fields (same defaults)
     sft_model_path: str = field(default="EleutherAI/pythia-160m", metadata={"help": "Path to the SFT model."})
     reward_model_path: str = field(default="EleutherAI/pythia-160m", metadata={"help": "Path to the reward model."})
-    model_adapter_name: str | None = field(default=None, metadata={"help": "Name of the train target PEFT adapter, when using LoRA with multiple adapters."})
-    ref_adapter_name: str | None = field(default=None, metadata={"help": "Name of the reference PEFT adapter, when using LoRA with multiple adapters."})
+    model_adapter_name: str | None = field(
+        default=None,
+        metadata={"help": "Name of the train target PEFT adapter, when using LoRA with multiple adapters."},
+    )
+    ref_adapter_name: str | None = field(
+        default=None, metadata={"help": "Name of the reference PEFT adapter, when using LoRA with multiple adapters."}
+    )
     num_ppo_epochs: int = field(default=4, metadata={"help": "Number of epochs to train."})
     whiten_rewards: bool = field(default=False, metadata={"help": "Whether to whiten the rewards."})
     kl_coef: float = field(default=0.05, metadata={"help": "KL coefficient."})
-    kl_estimator: str = field(default="k1", metadata={"help": "KL estimator: 'k1' (unbiased, high variance) or 'k3' (unbiased, lower variance)."})
+    kl_estimator: str = field(
+        default="k1",
+        metadata={"help": "KL estimator: 'k1' (unbiased, high variance) or 'k3' (unbiased, lower variance)."},
+    )
     cliprange: float | None = field(default=0.2, metadata={"help": "Clip range (None: no clipping)."})
     vf_coef: float = field(default=0.1, metadata={"help": "Value function coefficient."})
-    cliprange_value: float | None = field(default=0.2, metadata={"help": "Clip range for the value function (None: no clipping)."})
+    cliprange_value: float | None = field(
+        default=0.2, metadata={"help": "Clip range for the value function (None: no clipping)."}
+    )
     lam: float = field(default=0.95, metadata={"help": "Lambda value for GAE."})
 
     # ------------------------------------------------------------------ the critic
     critic_type: str = field(
         default="centralized",
-        metadata={"help": "'centralized' (CoLLM-CC: one critic over the joint view) or 'decentralized' (CoLLM-DC: one critic per agent over its own view)."},
+        metadata={
+            "help": "'centralized' (CoLLM-CC: one critic over the joint view) or 'decentralized' (CoLLM-DC: one critic per agent over its own view)."
+        },
     )
     critic_placement: str | None = field(
         default=None,
-        metadata={"help": "'separate' (a value model), 'actor_head' (a value head on an actor's backbone) or 'shared_base_adapter' "
-                  "(LoRA adapter + head on the shared base). Default: 'separate' when a value_model is given, 'shared_base_adapter' for a "
-                  "shared-base team, else 'separate'."},
+        metadata={
+            "help": "'separate' (a value model), 'actor_head' (a value head on an actor's backbone) or 'shared_base_adapter' "
+            "(LoRA adapter + head on the shared base). Default: 'separate' when a value_model is given, 'shared_base_adapter' for a "
+            "shared-base team, else 'separate'."
+        },
     )
     centralized_value: str = field(
         default="per_agent_heads",
-        metadata={"help": "Centralized critic output: 'team' (one value for the team, as the reference), 'per_agent_heads' (one head per agent), "
-                  "or 'agent_tagged' (one head, the view tagged with the agent it values)."},
+        metadata={
+            "help": "Centralized critic output: 'team' (one value for the team, as the reference), 'per_agent_heads' (one head per agent), "
+            "or 'agent_tagged' (one head, the view tagged with the agent it values)."
+        },
     )
     critic_sees_joint_action: bool = field(
-        default=False, metadata={"help": "Centralized critic also reads the other agents' current completions (the reference's Q-variant)."}
+        default=False,
+        metadata={
+            "help": "Centralized critic also reads the other agents' current completions (the reference's Q-variant)."
+        },
     )
     critic_backbone_agent: str | None = field(
-        default=None, metadata={"help": "For critic_placement='actor_head' with a centralized critic: whose backbone carries the head (default: first agent)."}
+        default=None,
+        metadata={
+            "help": "For critic_placement='actor_head' with a centralized critic: whose backbone carries the head (default: first agent)."
+        },
     )
-    critic_learning_rate: float | None = field(default=None, metadata={"help": "Learning rate of the critic parameters (default: learning_rate)."})
+    critic_learning_rate: float | None = field(
+        default=None, metadata={"help": "Learning rate of the critic parameters (default: learning_rate)."}
+    )
     critic_updates: str = field(
         default="joint",
-        metadata={"help": "'joint': one optimizer step per minibatch for actors and critic together; 'per_agent': the critic is stepped once "
-                  "per agent (and turn) group, as the reference code does."},
+        metadata={
+            "help": "'joint': one optimizer step per minibatch for actors and critic together; 'per_agent': the critic is stepped once "
+            "per agent (and turn) group, as the reference code does."
+        },
     )
-    value_normalization: bool = field(default=False, metadata={"help": "Train the critic on running-normalised returns."})
+    value_normalization: bool = field(
+        default=False, metadata={"help": "Train the critic on running-normalised returns."}
+    )
 
     # ------------------------------------------------------------------ the update rule
     advantage_level: str | None = field(
         default=None,
-        metadata={"help": "'turn': the completion is one action valued at the end of its prompt (paper); 'token': per-token values, KL and GAE "
-                  "(TRL PPO). Default: 'token' for a single agent (TRL PPO semantics), 'turn' for a team."},
+        metadata={
+            "help": "'turn': the completion is one action valued at the end of its prompt (paper); 'token': per-token values, KL and GAE "
+            "(TRL PPO). Default: 'token' for a single agent (TRL PPO semantics), 'turn' for a team."
+        },
     )
     advantage_norm_scope: str = field(
-        default="agent_turn", metadata={"help": "Where advantages are whitened: 'agent_turn', 'agent', 'batch' or 'none'."}
+        default="agent_turn",
+        metadata={"help": "Where advantages are whitened: 'agent_turn', 'agent', 'batch' or 'none'."},
     )
     advantage_norm_std_floor: float | None = field(
-        default=None, metadata={"help": "If set, advantages are divided by max(population std, floor) (reference) instead of sqrt(var + 1e-8)."}
+        default=None,
+        metadata={
+            "help": "If set, advantages are divided by max(population std, floor) (reference) instead of sqrt(var + 1e-8)."
+        },
     )
-    policy_loss_type: str = field(default="ppo", metadata={"help": "'ppo' (clipped ratio surrogate) or 'reinforce' (reference rule)."})
+    policy_loss_type: str = field(
+        default="ppo", metadata={"help": "'ppo' (clipped ratio surrogate) or 'reinforce' (reference rule)."}
+    )
     preset: str | None = field(
         default=None,
-        metadata={"help": "One word that sets the update rule: 'collm' (the paper's reference rule, comlrl 1.3.2) or 'collm-1.4' (gamma 1.0, no grad clip)."},
+        metadata={
+            "help": "One word that sets the update rule: 'collm' (the paper's reference rule, comlrl 1.3.2) or 'collm-1.4' (gamma 1.0, no grad clip)."
+        },
     )
 
     def preset_fields(self) -> dict:
@@ -215,7 +253,9 @@ class MultiAgentPPOConfig(TeamConfig):
         if self.advantage_level != "token":
             return
         if self.num_turns > 1:
-            raise ValueError("`advantage_level='token'` supports `num_turns=1`; use advantage_level='turn' for multi-turn episodes.")
+            raise ValueError(
+                "`advantage_level='token'` supports `num_turns=1`; use advantage_level='turn' for multi-turn episodes."
+            )
 
     def _validate(self):
         super()._validate()
@@ -232,4 +272,3 @@ class MultiAgentPPOConfig(TeamConfig):
             raise ValueError(
                 "`policy_loss_type='reinforce'` is on-policy (no ratio); set `num_ppo_epochs=1` or use `policy_loss_type='ppo'`."
             )
-

@@ -156,95 +156,144 @@ class TeamConfig(_BaseConfig):
     presets = {}  # class attribute (not a field): name -> {field: value}
 
     exp_name: str = field(
-        default=os.path.basename(sys.argv[0])[: -len(".py")] if sys.argv and sys.argv[0].endswith(".py") else "trl_collm",
+        default=os.path.basename(sys.argv[0])[: -len(".py")]
+        if sys.argv and sys.argv[0].endswith(".py")
+        else "trl_collm",
         metadata={"help": "Name of this experiment."},
     )
-    learning_rate: float = field(default=3e-6, metadata={"help": "Learning rate (actors; critics too unless `critic_learning_rate`)."})
+    learning_rate: float = field(
+        default=3e-6, metadata={"help": "Learning rate (actors; critics too unless `critic_learning_rate`)."}
+    )
     run_name: str | None = field(default=None, metadata={"help": "Name of the run."})
-    dataset_num_proc: int | None = field(default=None, metadata={"help": "Number of processes to use for processing the dataset."})
+    dataset_num_proc: int | None = field(
+        default=None, metadata={"help": "Number of processes to use for processing the dataset."}
+    )
     num_mini_batches: int = field(default=1, metadata={"help": "Number of minibatches to split a batch into."})
     total_episodes: int | None = field(
-        default=None, metadata={"help": "Total number of episodes in the dataset. Defaults to num_train_epochs * len(train_dataset)."}
+        default=None,
+        metadata={
+            "help": "Total number of episodes in the dataset. Defaults to num_train_epochs * len(train_dataset)."
+        },
     )
     local_rollout_forward_batch_size: int = field(
         default=64, metadata={"help": "Per rank no grad forward pass in the rollout phase."}
     )
     num_sample_generations: int = field(
-        default=10, metadata={"help": "Number of debugging samples generations (i.e., `generate_completions` calls) throughout training."}
+        default=10,
+        metadata={
+            "help": "Number of debugging samples generations (i.e., `generate_completions` calls) throughout training."
+        },
     )
     response_length: int = field(default=53, metadata={"help": "Length of the response (max new tokens)."})
-    stop_token: str | None = field(default=None, metadata={"help": "Specifies the stop token to use for text generation. Only 'eos' is supported."})
-    stop_token_id: int | None = field(default=None, metadata={"help": "Specifies the ID of the stop token to use for text generation."})
+    stop_token: str | None = field(
+        default=None, metadata={"help": "Specifies the stop token to use for text generation. Only 'eos' is supported."}
+    )
+    stop_token_id: int | None = field(
+        default=None, metadata={"help": "Specifies the ID of the stop token to use for text generation."}
+    )
     temperature: float = field(default=0.7, metadata={"help": "Sampling temperature."})
     missing_eos_penalty: float | None = field(
-        default=None, metadata={"help": "Penalty subtracted from the score of responses that do not end with the stop/EOS token."}
+        default=None,
+        metadata={"help": "Penalty subtracted from the score of responses that do not end with the stop/EOS token."},
     )
-    num_total_batches: int | None = field(default=None, metadata={"help": "Number of total PPO batches (computed at runtime)."})
-    micro_batch_size: int | None = field(default=None, metadata={"help": "Micro batch size across devices (computed at runtime)."})
+    num_total_batches: int | None = field(
+        default=None, metadata={"help": "Number of total PPO batches (computed at runtime)."}
+    )
+    micro_batch_size: int | None = field(
+        default=None, metadata={"help": "Micro batch size across devices (computed at runtime)."}
+    )
     local_batch_size: int | None = field(default=None, metadata={"help": "Batch size per GPU (computed at runtime)."})
     batch_size: int | None = field(default=None, metadata={"help": "Batch size across devices (computed at runtime)."})
-    local_mini_batch_size: int | None = field(default=None, metadata={"help": "Mini batch size per GPU (computed at runtime)."})
-    mini_batch_size: int | None = field(default=None, metadata={"help": "Mini batch size across GPUs (computed at runtime)."})
+    local_mini_batch_size: int | None = field(
+        default=None, metadata={"help": "Mini batch size per GPU (computed at runtime)."}
+    )
+    mini_batch_size: int | None = field(
+        default=None, metadata={"help": "Mini batch size across GPUs (computed at runtime)."}
+    )
     push_to_hub: bool = field(default=False, metadata={"help": "Whether to push the model to the Hub after training."})
     gamma: float = field(default=1.0, metadata={"help": "Discount factor."})
     ds3_gather_for_generation: bool = field(
-        default=True, metadata={"help": "Gather ZeRO-3 weights for generation (faster; set False for models that do not fit on one device)."}
+        default=True,
+        metadata={
+            "help": "Gather ZeRO-3 weights for generation (faster; set False for models that do not fit on one device)."
+        },
     )
     share_prompt_prefix: bool = field(
         default=True,
-        metadata={"help": "Compute the leading tokens that all rows of a training forward share (a task's instructions, the G "
-                  "samples of one prompt) once instead of once per row. Same numbers up to float rounding; falls back to "
-                  "the plain forward where it cannot apply (see trl_collm/prefix.py)."},
+        metadata={
+            "help": "Compute the leading tokens that all rows of a training forward share (a task's instructions, the G "
+            "samples of one prompt) once instead of once per row. Same numbers up to float rounding; falls back to "
+            "the plain forward where it cannot apply (see trl_collm/prefix.py)."
+        },
     )
-
 
     # Generation backend: TRL 1.16's GRPOConfig names and types. Read by trl_collm/generation.py (`make_backend`);
     # documented in docs/generation.md.
     use_transformers_continuous_batching: bool = field(
         default=False,
-        metadata={"help": "Generate rollouts with transformers' continuous batching (`generate_batch`: paged KV cache, "
-                  "continuous batching, CUDA graphs on GPU) instead of `generate()`. LoRA teams run one call per adapter. "
-                  "Same sampling settings, stop token and response_length (see docs/generation.md)."},
+        metadata={
+            "help": "Generate rollouts with transformers' continuous batching (`generate_batch`: paged KV cache, "
+            "continuous batching, CUDA graphs on GPU) instead of `generate()`. LoRA teams run one call per adapter. "
+            "Same sampling settings, stop token and response_length (see docs/generation.md)."
+        },
     )
     transformers_continuous_batching_config: dict | str | None = field(
         default=None,
-        metadata={"help": "Keyword arguments for `transformers.generation.ContinuousBatchingConfig` (a dict or JSON "
-                  "string). Default on GPU: max_memory_percent=0.5, as in TRL; on CPU the cache is sized to each call."},
+        metadata={
+            "help": "Keyword arguments for `transformers.generation.ContinuousBatchingConfig` (a dict or JSON "
+            "string). Default on GPU: max_memory_percent=0.5, as in TRL; on CPU the cache is sized to each call."
+        },
     )
 
     max_prompt_length: int | None = field(
         default=None,
-        metadata={"help": "Longest agent prompt in tokens; longer prompts keep their last tokens (with a warning). "
-                  "Default: the model's context length minus response_length. Critic views are cut to the critic's context."},
+        metadata={
+            "help": "Longest agent prompt in tokens; longer prompts keep their last tokens (with a warning). "
+            "Default: the model's context length minus response_length. Critic views are cut to the critic's context."
+        },
     )
     model_init_kwargs: dict | str | None = field(
         default=None,
-        metadata={"help": "Keyword arguments for from_pretrained when models are given as paths (e.g. {\"dtype\": \"bfloat16\"})."},
+        metadata={
+            "help": 'Keyword arguments for from_pretrained when models are given as paths (e.g. {"dtype": "bfloat16"}).'
+        },
     )
     # TRL's base turns activation checkpointing on; RL alternates generation and training forwards, so we leave it
     # off unless asked (`--activation_checkpointing`). None keeps transformers from warning about the old name.
-    gradient_checkpointing: bool | None = field(default=None, metadata={"help": "Deprecated alias of activation_checkpointing."})
+    gradient_checkpointing: bool | None = field(
+        default=None, metadata={"help": "Deprecated alias of activation_checkpointing."}
+    )
 
     # ------------------------------------------------------------------ the team
     agent_names: list[str] | None = field(
-        default=None, metadata={"help": "Names of the agents (used in logs, folders, cards). Defaults to agent_0..agent_{n-1}."}
+        default=None,
+        metadata={"help": "Names of the agents (used in logs, folders, cards). Defaults to agent_0..agent_{n-1}."},
     )
-    num_agents: int | None = field(default=None, metadata={"help": "Number of agents when `model` is one path or model to replicate."})
+    num_agents: int | None = field(
+        default=None, metadata={"help": "Number of agents when `model` is one path or model to replicate."}
+    )
     num_turns: int = field(default=1, metadata={"help": "Maximum number of turns per episode."})
     agent_context: str = field(
         default="observation",
-        metadata={"help": "What an agent is prompted with at turn t: 'observation' (the env's text, which may embed history) "
-                  "or 'history' (its own previous observations and completions followed by the new observation)."},
+        metadata={
+            "help": "What an agent is prompted with at turn t: 'observation' (the env's text, which may embed history) "
+            "or 'history' (its own previous observations and completions followed by the new observation)."
+        },
     )
     top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling for generation."})
     top_k: int | None = field(default=None, metadata={"help": "Top-k sampling for generation (None: off)."})
     scale_logits_by_temperature: bool = field(
-        default=True, metadata={"help": "Compute log-probs from logits / temperature (TRL PPO) or from raw logits (reference code)."}
+        default=True,
+        metadata={"help": "Compute log-probs from logits / temperature (TRL PPO) or from raw logits (reference code)."},
     )
-    reward_weights: list[float] | None = field(default=None, metadata={"help": "Weights of the reward functions (default 1.0 each)."})
+    reward_weights: list[float] | None = field(
+        default=None, metadata={"help": "Weights of the reward functions (default 1.0 each)."}
+    )
     reward_type: str = field(
         default="auto",
-        metadata={"help": "'joint' (one reward per episode shared by all agents), 'per_agent' (a vector of n), or 'auto' (accept both)."},
+        metadata={
+            "help": "'joint' (one reward per episode shared by all agents), 'per_agent' (a vector of n), or 'auto' (accept both)."
+        },
     )
     early_termination_threshold: float | None = field(
         default=None, metadata={"help": "End an episode early once the mean reward of a turn exceeds this value."}
@@ -252,26 +301,37 @@ class TeamConfig(_BaseConfig):
 
     optim: str = field(
         default="adamw_torch",
-        metadata={"help": "The optimizer, built by transformers' optimizer factory: 'adamw_torch', "
-                  "'adamw_torch_fused', 'sgd', 'adafactor', 'adagrad' or 'rmsprop'. The default keeps torch's plain "
-                  "AdamW, which these trainers always used (transformers 5 defaults to 'adamw_torch_fused', whose "
-                  "rounding differs)."},
+        metadata={
+            "help": "The optimizer, built by transformers' optimizer factory: 'adamw_torch', "
+            "'adamw_torch_fused', 'sgd', 'adafactor', 'adagrad' or 'rmsprop'. The default keeps torch's plain "
+            "AdamW, which these trainers always used (transformers 5 defaults to 'adamw_torch_fused', whose "
+            "rounding differs)."
+        },
     )
     grad_clip_scope: str = field(
-        default="global", metadata={"help": "'global': one grad-norm clip over everything; 'per_module': each agent and critic clipped on its own."}
+        default="global",
+        metadata={
+            "help": "'global': one grad-norm clip over everything; 'per_module': each agent and critic clipped on its own."
+        },
     )
-    preset: str | None = field(default=None, metadata={"help": "One word that sets the update rule (see docs/algorithm.md)."})
+    preset: str | None = field(
+        default=None, metadata={"help": "One word that sets the update rule (see docs/algorithm.md)."}
+    )
 
     # ------------------------------------------------------------------ safety
     max_nonfinite_steps: int = field(
         default=3,
-        metadata={"help": "An optimizer step whose loss or gradients are NaN/inf is skipped (and counted in "
-                  "`train/nonfinite_steps_skipped`); this many skipped steps in a row stop the run with an error."},
+        metadata={
+            "help": "An optimizer step whose loss or gradients are NaN/inf is skipped (and counted in "
+            "`train/nonfinite_steps_skipped`); this many skipped steps in a row stop the run with an error."
+        },
     )
     overwrite_output_dir: bool = field(
         default=False,
-        metadata={"help": "Train into an output_dir that already holds checkpoint-* folders without resuming: their old "
-                  "checkpoints are deleted first. Without it (and without resume_from_checkpoint) such a run is refused."},
+        metadata={
+            "help": "Train into an output_dir that already holds checkpoint-* folders without resuming: their old "
+            "checkpoints are deleted first. Without it (and without resume_from_checkpoint) such a run is refused."
+        },
     )
 
     def __post_init__(self):
@@ -279,7 +339,9 @@ class TeamConfig(_BaseConfig):
             self.model_init_kwargs = json.loads(self.model_init_kwargs)
         if self.preset is not None:
             if self.preset not in self.presets:
-                raise ValueError(f"`preset`={self.preset!r} is unknown; choose one of {sorted(self.presets)} or leave it unset.")
+                raise ValueError(
+                    f"`preset`={self.preset!r} is unknown; choose one of {sorted(self.presets)} or leave it unset."
+                )
             # A preset fills the fields the user left at their defaults; anything set explicitly wins.
             defaults = {f.name: f.default for f in fields(self)}
             for key, value in self.preset_fields().items():
@@ -329,7 +391,9 @@ class TeamConfig(_BaseConfig):
                 raise ValueError(f"`agent_names` must be unique, got {self.agent_names}.")
             bad = [n for n in self.agent_names if not n or "/" in n or n.startswith(".") or n in ("critic", "critics")]
             if bad:
-                raise ValueError(f"`agent_names` {bad} cannot be used as folder names; use names without '/' that are not 'critic'.")
+                raise ValueError(
+                    f"`agent_names` {bad} cannot be used as folder names; use names without '/' that are not 'critic'."
+                )
             if self.num_agents is not None and self.num_agents != len(self.agent_names):
                 raise ValueError(
                     f"`num_agents`={self.num_agents} but `agent_names` has {len(self.agent_names)} names; drop one of them or make them agree."
@@ -342,4 +406,3 @@ class TeamConfig(_BaseConfig):
             raise ValueError(f"`stop_token`={self.stop_token!r}: only 'eos' is supported (or set `stop_token_id`).")
         if self.reward_weights is not None and any(not math.isfinite(w) for w in self.reward_weights):
             raise ValueError(f"`reward_weights` must be finite numbers, got {self.reward_weights}.")
-

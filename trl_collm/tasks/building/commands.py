@@ -139,15 +139,25 @@ def read_turn(
             continue
         if cmd.block != AIR and cmd.block not in palette:
             rejections.append(
-                Rejection(number, shown, f"block '{cmd.block}' is not in your palette ({', '.join(palette)}, or air to remove)")
+                Rejection(
+                    number,
+                    shown,
+                    f"block '{cmd.block}' is not in your palette ({', '.join(palette)}, or air to remove)",
+                )
             )
             continue
         cells = cmd.cells()
         # Only cells that actually change cost a block; re-placing the block already there is free.
-        cost_cells = [c for c in cells if cmd.block != AIR and world.block(c) != cmd.block and edits.get(c) != cmd.block]
+        cost_cells = [
+            c for c in cells if cmd.block != AIR and world.block(c) != cmd.block and edits.get(c) != cmd.block
+        ]
         if left is not None and len(cost_cells) > left:
             rejections.append(
-                Rejection(number, shown, f"over your block allowance: needs {len(cost_cells)} blocks, {left} left this episode")
+                Rejection(
+                    number,
+                    shown,
+                    f"over your block allowance: needs {len(cost_cells)} blocks, {left} left this episode",
+                )
             )
             continue
         if left is not None:
@@ -181,4 +191,3 @@ def apply_turn(world: World, plans: Mapping[str, TurnPlan]) -> dict[Cell, list[s
 # ----------------------------------------------------------------------------------------------------------------
 # Score
 # ----------------------------------------------------------------------------------------------------------------
-

@@ -97,12 +97,12 @@ class BuildingEnv(MultiAgentEnv):
                 f"{self.agent_names}; give palettes for the same agents in the same order"
             )
         self.active_budget = row.get("turn_budget", self.turn_budget)
-        self.allowance = default_allowances(self.target, self.active_palettes, row.get("resource_limit", self.resource_limit))
+        self.allowance = default_allowances(
+            self.target, self.active_palettes, row.get("resource_limit", self.resource_limit)
+        )
         self.blocks_left = dict(self.allowance)
         self.world = World(self.target.size)
-        self.legend = block_legend(
-            [b for pal in self.active_palettes.values() for b in pal] + self.target.materials()
-        )
+        self.legend = block_legend([b for pal in self.active_palettes.values() for b in pal] + self.target.materials())
         self.t = 0
         self.prev_score = 0.0  # so the dense rewards telescope to the final score (see docs)
         self.last = score_world(self.world, self.target, self.active_palettes, self.weights)
@@ -156,7 +156,9 @@ class BuildingEnv(MultiAgentEnv):
             f"Goal: build {target.description}.",
         ]
         if target.kind == "str":
-            lines.append("Rule: target cells that share a face must have different colours; build nothing outside the target.")
+            lines.append(
+                "Rule: target cells that share a face must have different colours; build nothing outside the target."
+            )
             lines.append("Target (# = place a block, . = leave empty):")
         else:
             lines.append("Rule: each cell must hold the block shown; '.' cells (door, inside, around) must stay empty.")
@@ -192,9 +194,13 @@ class BuildingEnv(MultiAgentEnv):
                 lines.append(f"{b}: {len(p.accepted)} commands applied, {len(p.rejections)} rejected.")
         mine = [c for c, agents in turn["contested"].items() if agent in agents]
         if mine:
-            lines.append(f"Contested cells (edited by two builders, left unchanged): {_listing([_fmt(c) for c in sorted(mine)], k)}")
+            lines.append(
+                f"Contested cells (edited by two builders, left unchanged): {_listing([_fmt(c) for c in sorted(mine)], k)}"
+            )
         if det["missing"]:
-            lines.append(f"Missing ({len(det['missing'])} of {len(self.target.cells)} target cells): {_listing([_fmt(c) for c in det['missing']], k)}")
+            lines.append(
+                f"Missing ({len(det['missing'])} of {len(self.target.cells)} target cells): {_listing([_fmt(c) for c in det['missing']], k)}"
+            )
         else:
             lines.append("Missing: none, every target cell is filled.")
         if det["wrong"]:
@@ -226,12 +232,13 @@ class BuildingEnv(MultiAgentEnv):
         if self.world is None:
             raise RuntimeError("BuildingEnv.render_png called before reset(row)")
         if title is None:
-            title = (f"{self.target.name}: turn {self.t}/{self.num_turns}, score {self.last['score']:.2f}, "
-                     f"IoU {self.last['iou_pct']:.0f}%, Adj {self.last['adj_pct']:.0f}%")
+            title = (
+                f"{self.target.name}: turn {self.t}/{self.num_turns}, score {self.last['score']:.2f}, "
+                f"IoU {self.last['iou_pct']:.0f}%, Adj {self.last['adj_pct']:.0f}%"
+            )
         return render_png(self.world, path, target=self.target, title=title)
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # Datasets and registration
 # ----------------------------------------------------------------------------------------------------------------
-

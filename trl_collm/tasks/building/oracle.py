@@ -44,7 +44,9 @@ def _oracle_assignment(target: Target, palettes: Mapping[str, Sequence[str]]) ->
         options = [(a, b) for a in agents for b in palettes[a] if b not in near]
         if not options:
             raise ValueError(f"oracle: no colour fits cell {c} of '{target.name}' with palettes {dict(palettes)}")
-        a, b = min(options, key=lambda ab: (load[ab[0]], uses.get(ab, 0), agents.index(ab[0]), palettes[ab[0]].index(ab[1])))
+        a, b = min(
+            options, key=lambda ab: (load[ab[0]], uses.get(ab, 0), agents.index(ab[0]), palettes[ab[0]].index(ab[1]))
+        )
         out[c] = (a, b)
         load[a] += 1
         uses[(a, b)] = uses.get((a, b), 0) + 1
@@ -125,4 +127,3 @@ def oracle_world(row: Mapping, palettes: Mapping[str, Sequence[str]] | None = No
     for c, (a, b) in _oracle_assignment(target, palettes).items():
         world.place(c, b, owner=a)
     return world
-

@@ -40,7 +40,6 @@ class Weights:
 # ----------------------------------------------------------------------------------------------------------------
 
 
-
 def _relevant_palette(target: Target, palettes: Mapping[str, Sequence[str]]) -> list[tuple[str, str]]:
     """(agent, block) pairs that a perfect build uses: every palette block for StrBuild (colours are free), the
     blueprint's materials for a house (a palette block the house does not need is not held against anyone)."""
@@ -48,7 +47,9 @@ def _relevant_palette(target: Target, palettes: Mapping[str, Sequence[str]]) -> 
     return [(a, b) for a, pal in palettes.items() for b in pal if target.kind == "str" or b in materials]
 
 
-def score_world(world: World, target: Target, palettes: Mapping[str, Sequence[str]], weights: Weights = Weights()) -> dict:
+def score_world(
+    world: World, target: Target, palettes: Mapping[str, Sequence[str]], weights: Weights = Weights()
+) -> dict:
     """Score the state of the world (not a delta). Components (all fractions in [0, 1]):
 
     * coverage: target cells holding an acceptable block (any block for StrBuild, the blueprint's for a house);
@@ -127,7 +128,9 @@ def check_palettes(palettes: Mapping[str, Sequence[str]], target: Target) -> dic
         if not pal:
             raise ValueError(f"building: agent {a!r} has an empty palette")
         if AIR in pal:
-            raise ValueError(f"building: 'air' cannot be in a palette (everyone may remove blocks with air); agent {a!r}")
+            raise ValueError(
+                f"building: 'air' cannot be in a palette (everyone may remove blocks with air); agent {a!r}"
+            )
     missing = sorted(set(target.materials()) - {b for pal in palettes.values() for b in pal})
     if missing:
         raise ValueError(f"building: blueprint '{target.name}' needs {missing}, which no agent's palette holds")
@@ -161,7 +164,6 @@ def material_owners(target: Target, palettes: Mapping[str, Sequence[str]]) -> di
 # ----------------------------------------------------------------------------------------------------------------
 # Oracle (the perfect plan)
 # ----------------------------------------------------------------------------------------------------------------
-
 
 
 def default_palettes(target: Target) -> dict[str, list[str]]:
