@@ -62,7 +62,8 @@ def _prompts(n: int, offset: int) -> list[str]:
     subjects = ["The planner", "The coder", "The critic", "Agent one", "Agent two", "The writer"]
     tasks = ["writes the plan", "checks the code", "fixes the answer", "shares the summary", "builds a function"]
     return [
-        f"{subjects[(i + offset) % len(subjects)]} {tasks[(i * 3 + offset) % len(tasks)]} and the team gets a reward of {i % 10}."
+        f"{subjects[(i + offset) % len(subjects)]} {tasks[(i * 3 + offset) % len(tasks)]} and the team gets a "
+        f"reward of {i % 10}."
         for i in range(n)
     ]
 
@@ -268,7 +269,8 @@ def run_config(config_name: str, size: str, opts) -> dict:
 # ---------------------------------------------------------------------------------------------- report
 def print_table(results: list[dict], opts) -> None:
     head = (
-        f"{'size':<6} {'config':<8} {'ep/s':>7} {'gen tok/s':>10} {'iter s':>8} {'gen s':>8} {'iter/gen':>9} {'(min)':>6} "
+        f"{'size':<6} {'config':<8} {'ep/s':>7} {'gen tok/s':>10} {'iter s':>8} {'gen s':>8} {'iter/gen':>9} "
+        f"{'(min)':>6} "
         f"{'rollout':>8} {'score':>7} {'update':>7} {'other':>7} {'steps':>5} {'RSS MiB':>8}"
     )
     if opts.device == "cuda":
@@ -292,7 +294,8 @@ def print_table(results: list[dict], opts) -> None:
         "iter s: median training_iteration wall time (rollout + scoring + update); gen s: median bare model.generate()"
     )
     print(
-        "of the same prompts for every agent, same sampling and max_new_tokens. iter/gen: ratio of medians; (min): ratio"
+        "of the same prompts for every agent, same sampling and max_new_tokens. iter/gen: ratio of medians; (min): "
+        "ratio"
     )
     print(
         "of the fastest rounds (less sensitive to a busy machine). rollout/score/update/other: median split of iter s."
@@ -301,7 +304,8 @@ def print_table(results: list[dict], opts) -> None:
     print()
     if opts.smoke:
         print(
-            "(--smoke: 4-token responses, so fixed per-iteration costs dominate; the target is meant for the default run)"
+            "(--smoke: 4-token responses, so fixed per-iteration costs dominate; the target is meant for the "
+            "default run)"
         )
     for r in results:
         if r["config"] != "collm":
@@ -349,12 +353,14 @@ def main(argv=None) -> int:
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
     print(
-        f"bench_iteration: torch {torch.__version__}, transformers {transformers.__version__}, python {platform.python_version()}, "
+        f"bench_iteration: torch {torch.__version__}, transformers {transformers.__version__}, python "
+        f"{platform.python_version()}, "
         f"device {opts.device}{' (' + torch.cuda.get_device_name() + ')' if opts.device == 'cuda' else ''}, "
         f"dtype {opts.dtype}, threads {torch.get_num_threads()}"
     )
     print(
-        f"2 agents (separate qwen2 models) + centralized critic; batch {opts.batch}, response_length {opts.response_length}, "
+        f"2 agents (separate qwen2 models) + centralized critic; batch {opts.batch}, response_length "
+        f"{opts.response_length}, "
         f"{opts.warmup} warm-up + {opts.iterations} timed iterations per config"
     )
     print()
@@ -365,7 +371,8 @@ def main(argv=None) -> int:
             r = run_config(config_name, size, opts)
             print(
                 f"  done {size}/{config_name}: iteration {r['iteration_s']:.3f}s, generate {r['generate_s']:.3f}s "
-                f"(params/agent {r['params_per_agent']:,}, {r['actor_dtype']}/{r['critic_dtype']}, build {r['build_s']:.1f}s)",
+                f"(params/agent {r['params_per_agent']:,}, {r['actor_dtype']}/{r['critic_dtype']}, build "
+                f"{r['build_s']:.1f}s)",
                 flush=True,
             )
             results.append(r)

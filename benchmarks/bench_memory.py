@@ -169,10 +169,12 @@ def main():
             results.append(row)
             print(f"  done {layout} n={n}: peak {row['peak_rss_mib']:.0f} MiB", flush=True)
     print(
-        f"\nsize {a.size}; one training iteration (CC critic, preset collm, batch {a.batch}, {a.response_length} tokens)\n"
+        f"\nsize {a.size}; one training iteration (CC critic, preset collm, batch {a.batch}, {a.response_length} "
+        "tokens)\n"
     )
     print(
-        f"{'layout':9s} {'n':>2s} {'peak MiB':>9s} {'x n=1':>6s} {'above idle':>11s} {'x n=1':>6s} {'trainable M':>12s} {'iter s':>7s}"
+        f"{'layout':9s} {'n':>2s} {'peak MiB':>9s} {'x n=1':>6s} {'above idle':>11s} {'x n=1':>6s} "
+        f"{'trainable M':>12s} {'iter s':>7s}"
     )
     for layout in a.layouts:
         rows = [r for r in results if r["layout"] == layout]
@@ -181,7 +183,8 @@ def main():
         for r in rows:
             above = r["peak_rss_mib"] - r["baseline_rss_mib"]
             print(
-                f"{layout:9s} {r['agents']:2d} {r['peak_rss_mib']:9.0f} {r['peak_rss_mib'] / first_peak:6.2f} {above:11.0f} "
+                f"{layout:9s} {r['agents']:2d} {r['peak_rss_mib']:9.0f} {r['peak_rss_mib'] / first_peak:6.2f} "
+                f"{above:11.0f} "
                 f"{above / first_above:6.2f} {r['trainable_params'] / 1e6:12.2f} {r['iteration_s']:7.2f}"
             )
         last = rows[-1]

@@ -40,7 +40,8 @@ def main():
         vocab = model.config.vocab_size
         print(
             f"{size}: hidden {model.config.hidden_size}, layers {model.config.num_hidden_layers}, "
-            f"{prefix.layer_parameters(model)} parameters per layer, cut pays from {prefix.min_saved_tokens(model)} saved tokens"
+            f"{prefix.layer_parameters(model)} parameters per layer, cut pays from "
+            f"{prefix.min_saved_tokens(model)} saved tokens"
         )
         print(f"{'P':>5} {'saved tok':>9} {'shared s':>9} {'plain s':>9} {'speed-up':>8} {'plan':>6}")
         for length in a.lengths:
@@ -70,7 +71,8 @@ def main():
             planned = prefix.plan_split(ids, mask, keep, min_saved=prefix.min_saved_tokens(model)) is not None
             saved = split.saved_tokens if split is not None else 0
             print(
-                f"{length:>5} {saved:>9} {shared:>9.4f} {plain:>9.4f} {plain / shared:>7.2f}x {('cut' if planned else 'plain'):>6}"
+                f"{length:>5} {saved:>9} {shared:>9.4f} {plain:>9.4f} {plain / shared:>7.2f}x "
+                f"{('cut' if planned else 'plain'):>6}"
             )
             results.append(
                 {

@@ -94,14 +94,16 @@ def main():
         r["fetches"] = {k: statistics.median(v) for k, v in fetches[m].items() if v}
     base = result.get("zero2", {}).get("iteration")
     print(
-        f"\n{'mode':<7} {'iteration s':>11} {'x ZeRO-2':>8} {'rollout':>8} {'score':>7} {'update':>7}  ZeRO-3 fetches r/s/u"
+        f"\n{'mode':<7} {'iteration s':>11} {'x ZeRO-2':>8} {'rollout':>8} {'score':>7} {'update':>7}  ZeRO-3 "
+        "fetches r/s/u"
     )
     for m, r in result.items():
         ratio = f"{r['iteration'] / base:.2f}" if base else "-"
         f = r["fetches"]
         counts = "/".join(str(int(f.get(k, 0))) for k in ("rollout", "score_rollout", "update"))
         print(
-            f"{m:<7} {r['iteration']:>11.3f} {ratio:>8} {r['rollout']:>8.3f} {r['score_rollout']:>7.3f} {r['update']:>7.3f}  {counts}"
+            f"{m:<7} {r['iteration']:>11.3f} {ratio:>8} {r['rollout']:>8.3f} {r['score_rollout']:>7.3f} "
+            f"{r['update']:>7.3f}  {counts}"
         )
     if a.json:
         Path(a.json).write_text(json.dumps({"args": vars(a), "median_s": result}, indent=1))

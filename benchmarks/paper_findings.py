@@ -238,7 +238,8 @@ def report(results, task_name, methods, title):
     level = start + 0.8 * (best - start)
     print(f"\n{title}\n{task_name}: start {start:.3f}, best final {best:.3f}, 80% level {level:.3f}")
     print(
-        f"{'task':15s} {'method':6s} {'lr':>7s} {'final (mean / min / max over seeds)':38s} env steps to 80% of best final"
+        f"{'task':15s} {'method':6s} {'lr':>7s} {'final (mean / min / max over seeds)':38s} env steps to 80% of "
+        "best final"
     )
     rows = []
     for m in finals:
@@ -253,7 +254,8 @@ def report(results, task_name, methods, title):
         f = finals[m]
         lr = runs[0].get("lr", DEFAULT_LR)
         print(
-            f"{task_name:15s} {m.upper():6s} {lr:7.0e} {sum(f) / len(f):6.3f} / {min(f):6.3f} / {max(f):6.3f}{'':17s} {reach_txt}"
+            f"{task_name:15s} {m.upper():6s} {lr:7.0e} {sum(f) / len(f):6.3f} / {min(f):6.3f} / "
+            f"{max(f):6.3f}{'':17s} {reach_txt}"
         )
         rows.append(
             dict(
@@ -360,7 +362,8 @@ def main():
             with open(a.out, "w") as f:  # after every run: an interrupted sweep keeps what it did (see --reuse)
                 json.dump(results, f)
             print(
-                f"  {row['task']:15s} {row['method']} seed {row['seed']} lr {row['lr']:g}: final {final(row['curve']):.3f} "
+                f"  {row['task']:15s} {row['method']} seed {row['seed']} lr {row['lr']:g}: final "
+                f"{final(row['curve']):.3f} "
                 f"({row['seconds']:.0f}s)",
                 flush=True,
             )

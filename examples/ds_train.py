@@ -6,10 +6,11 @@
     # the same global batch in one plain process, for comparison
     python examples/ds_train.py --out /tmp/ref
 
-Options: --layout separate|shared_base (two models, or two LoRA adapters on one base), --critic centralized|decentralized,
---global-batch (episodes per iteration over all processes), --iterations. The tiny model is built in $TRL_COLLM_CACHE
-(build it before launching several processes). Rollouts are greedy by default (--sample to sample): with sampling,
-each rank draws from its own RNG stream, so a 2-process run cannot reproduce the 1-process samples.
+Options: --layout separate|shared_base (two models, or two LoRA adapters on one base),
+--critic centralized|decentralized, --global-batch (episodes per iteration over all processes), --iterations.
+The tiny model is built in $TRL_COLLM_CACHE (build it before launching several processes). Rollouts are greedy
+by default (--sample to sample): with sampling, each rank draws from its own RNG stream, so a 2-process run
+cannot reproduce the 1-process samples.
 
 Writes <out>/metrics.json (rank 0): per iteration, every metric averaged over the processes; rank 0's seconds in
 rollout / scoring / update per iteration (`phases_s`); and the fingerprint

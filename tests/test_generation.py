@@ -213,7 +213,8 @@ from datasets import Dataset
 from trl_collm import MultiAgentPPOConfig, MultiAgentPPOTrainer
 args = MultiAgentPPOConfig(output_dir={str(tmp_path)!r}, num_agents=2, per_device_train_batch_size=2, response_length=4,
                            report_to=[], use_cpu=True, bf16=False, save_strategy="no", total_episodes=2)
-trainer = MultiAgentPPOTrainer(args=args, model={qwen_path!r}, train_dataset=Dataset.from_dict({{"prompt": ["a b", "c d"]}}),
+trainer = MultiAgentPPOTrainer(args=args, model={qwen_path!r},
+                               train_dataset=Dataset.from_dict({{"prompt": ["a b", "c d"]}}),
                                reward_funcs=lambda prompts, completions, **k: [0.0] * len(prompts))
 built = "deepspeed" in sys.modules
 trainer.train()

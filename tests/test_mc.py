@@ -77,13 +77,15 @@ def test_tree_returns_and_group_advantages_by_hand(tmp_path):
     assert tree.groups[1][0] == tree.groups[1][1] != tree.groups[1][2] == tree.groups[1][3]
     assert team.prompts_seen[1]["a"] == ["t1"] * 4  # children continue from their parent's post-step state
     R = tree.returns(gamma=0.5)
-    # R1 = rewards; R0[0] = 1 + 0.5 * mean(2, 0) = 1.5; R0[1] = 0 + 0.5 * mean(1, 2) = 0.75 (joint: same for both agents)
+    # R1 = rewards; R0[0] = 1 + 0.5 * mean(2, 0) = 1.5; R0[1] = 0 + 0.5 * mean(1, 2) = 0.75
+    # (joint: same for both agents)
     assert torch.allclose(R[1][:, 0], torch.tensor([2.0, 0.0, 1.0, 2.0]))
     assert torch.allclose(R[0], torch.tensor([[1.5, 1.5], [0.75, 0.75]]))
     cfg = MultiAgentMCConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, gamma=0.5, report_to=[])
     trainer = types.SimpleNamespace(args=cfg)
     adv = MultiAgentMCTrainer.advantages(trainer, tree).advantages
-    # turn 0 group (the prompt): mean 1.125 -> [0.375, -0.375]; turn 1: siblings [2, 0] -> [1, -1], [1, 2] -> [-0.5, 0.5]
+    # turn 0 group (the prompt): mean 1.125 -> [0.375, -0.375];
+    # turn 1: siblings [2, 0] -> [1, -1], [1, 2] -> [-0.5, 0.5]
     assert torch.allclose(adv[0][:, 0], torch.tensor([0.375, -0.375]))
     assert torch.allclose(adv[1][:, 1], torch.tensor([1.0, -1.0, -0.5, 0.5]))
 
@@ -115,7 +117,8 @@ def test_cross_mode_credits_each_sample_with_its_combinations():
     team = ScriptedTeam(["a", "b"], [{"a": ["1", "3"], "b": ["0", "2"]}])
     env = RewardFunctionEnv(lambda prompts, completions, **k: [float(x) + float(y) for x, y in completions])
     tree = run_cross(team, env, [{"prompt": "p"}], 2, 16, "cpu", {}, torch.Generator().manual_seed(0))
-    # combos (a, b): (1,0)=1, (1,2)=3, (3,0)=3, (3,2)=5 -> a0: mean(1,3)=2, a1: mean(3,5)=4; b0: mean(1,3)=2, b1: mean(3,5)=4
+    # combos (a, b): (1,0)=1, (1,2)=3, (3,0)=3, (3,2)=5
+    # -> a0: mean(1,3)=2, a1: mean(3,5)=4; b0: mean(1,3)=2, b1: mean(3,5)=4
     assert torch.allclose(tree.rewards[0], torch.tensor([[2.0, 2.0], [4.0, 4.0]]))
     assert tree.credit_mask[0].all()
     # capped at 2 of the 4 combinations (drawn without replacement from the seeded generator): a sample's credit is

@@ -43,7 +43,10 @@ def oracle(row, thin=False, call_aux=True):
     if thin:
         body = f"    return aux({args})\n"
     elif call_aux:
-        body = f"    result = aux({args})\n    if isinstance(result, list):\n        result = list(result)\n    return result\n"
+        body = (
+            f"    result = aux({args})\n    if isinstance(result, list):\n        result = list(result)\n"
+            "    return result\n"
+        )
     else:
         body = row["canonical_solution"]
         main = "```python\n" + entry_src + body + "```"
@@ -137,7 +140,10 @@ def test_syntax_error_level(problems):
 def test_partial_tests(problems):
     row = problems["HumanEval/2"]
     aux = "def aux(x):\n    return x - int(x)\n"
-    main = "def truncate_number(number: float) -> float:\n    if number > 100:\n        return 0.0\n    return aux(number)\n"
+    main = (
+        "def truncate_number(number: float) -> float:\n    if number > 100:\n        return 0.0\n"
+        "    return aux(number)\n"
+    )
     s = score(row, aux, main)
     assert (s.tests_passed, s.tests_total) == (2, 3)
     assert s.levels["tests"] == pytest.approx(2.0 * 2 / 3) and s.levels["bonus"] == 0.5
@@ -177,7 +183,8 @@ def test_main_defining_aux_itself_is_ignored(problems):
         "    while True:\n        pass\n",
         "    import os\n    os.system('touch /tmp/trl_collm_code_pwned')\n    return 0.0\n",
         "    import sys\n    sys.exit(0)\n",
-        "    class E(float):\n        def __eq__(self, o): return True\n        def __sub__(self, o): return 0.0\n    return E(0)\n",
+        "    class E(float):\n        def __eq__(self, o): return True\n        def __sub__(self, o): return 0.0\n"
+        "    return E(0)\n",
     ],
     ids=["infinite-loop", "os.system", "exit", "always-equal"],
 )

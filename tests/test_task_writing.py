@@ -34,7 +34,8 @@ DETAILED = (
     "The writer works early hospital shifts and lives below a neighbor who blasts music late at night. "
     "At first, a polite talk seemed to help; however, the loud parties returned within days. "
     "Their landlord refuses to get involved, and although other tenants grumble online, none has acted. "
-    "As a result, the writer wonders which step comes first: a complaint to the city hotline or a formal written letter."
+    "As a result, the writer wonders which step comes first: a complaint to the city hotline or a formal written "
+    "letter."
 )  # 68 words; ratio 68/25 = 2.72 in [2, 4]
 
 # The same content without a single transition marker (no but/so/first/however/because/...).

@@ -1,4 +1,5 @@
-"""Warm starts (trl_collm/warmstart.py) and the findings script built on them (benchmarks/warm_findings.py), at toy size."""
+"""Warm starts (trl_collm/warmstart.py) and the findings script built on them (benchmarks/warm_findings.py),
+at toy size."""
 
 import json
 import os

@@ -26,7 +26,8 @@ def resolve_agent_names(model, args) -> list[str]:
         if args.agent_names is not None:
             if len(args.agent_names) != len(model):
                 raise ValueError(
-                    f"`model` lists {len(model)} models but `agent_names` has {len(args.agent_names)} names; give one name per model."
+                    f"`model` lists {len(model)} models but `agent_names` has {len(args.agent_names)} names; give "
+                    "one name per model."
                 )
             return list(args.agent_names)
         if args.num_agents is not None and args.num_agents != len(model):
@@ -53,7 +54,8 @@ def per_agent(value, names: list[str], arg: str, replicate: bool = True) -> dict
     if isinstance(value, (list, tuple)):
         if len(value) != n:
             raise ValueError(
-                f"`{arg}` has {len(value)} entries but the team has {n} agents ({', '.join(names)}); give one per agent."
+                f"`{arg}` has {len(value)} entries but the team has {n} agents ({', '.join(names)}); give one per "
+                "agent."
             )
         return dict(zip(names, value))
     if not replicate and value is not None and n > 1:
@@ -117,7 +119,8 @@ def build_team(model, processing_class, ref_model, peft_config, args, names: lis
     if shared:
         if isinstance(model, PeftModel):
             raise ValueError(
-                "`model` is already a PeftModel; pass the plain base model and `peft_config` to build the team's adapters."
+                "`model` is already a PeftModel; pass the plain base model and `peft_config` to build the team's "
+                "adapters."
             )
         base = load_causal_lm(model, args.model_init_kwargs)
         base.requires_grad_(False)
@@ -164,7 +167,8 @@ class TeamModel(nn.Module):
         self.team = team
         self.critic = critic
         first = team.model_of(team.names[0])
-        # transformers.Trainer reads `config` in a few places (model card, logging); the first agent's is representative.
+        # transformers.Trainer reads `config` in a few places (model card, logging); the first agent's is
+        # representative.
         self.config = first.get_base_model().config if hasattr(first, "get_base_model") else first.config
 
     def forward(self, *args, **kwargs):  # pragma: no cover - the trainers call the team / critic directly

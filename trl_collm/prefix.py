@@ -219,7 +219,8 @@ def _one_head_per_key(split: SharedSplit, row_keys: torch.Tensor) -> SharedSplit
 
 
 def supports_prefix_cache(model: nn.Module) -> bool:
-    """Whether `model` (a CausalLM or a bare backbone, possibly PEFT-wrapped) can run the rest on a grad-carrying cache."""
+    """Whether `model` (a CausalLM or a bare backbone, possibly PEFT-wrapped) can run the rest on a
+    grad-carrying cache."""
     config = getattr(model, "config", None)
     if config is None:
         return False

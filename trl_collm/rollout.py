@@ -50,7 +50,8 @@ class Rollout:
 
 def _prompts_for(team, observations, episode_ids, histories, agent_context, t):
     """Each agent's prompt for the given episodes: its observation, or (agent_context="history") its own past
-    observations and completions followed by the new observation. histories[e] = (observations, completions) per agent."""
+    observations and completions followed by the new observation.
+    histories[e] = (observations, completions) per agent."""
     names = team.names
     prompts = {a: [] for a in names}
     contexts = {a: [] for a in names}

@@ -168,7 +168,10 @@ _FLAVOR_SPECIALS = {
 # ``tokenizer_class`` for ``model_type == "qwen2"`` and rebuilds a ``Qwen2Tokenizer`` from our
 # vocab/merges with *its own* normalizer + pre-tokenizer. Training with exactly that pipeline
 # makes the reloaded tokenizer tokenize identically for every arch.
-_SPLIT_REGEX = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+_SPLIT_REGEX = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"""
+    r"""| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
 
 
 def build_tokenizer(

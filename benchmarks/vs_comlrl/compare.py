@@ -199,9 +199,11 @@ def markdown(meta, rows):
     out = [f"Measured {meta['date']} ({meta['machine']}); {meta['command']}", ""]
     s = meta["settings"]
     out.append(
-        f"Settings (both libraries): 2 agents (separate Qwen2 models), single turn, {s['max_new_tokens']} new tokens per answer "
+        f"Settings (both libraries): 2 agents (separate Qwen2 models), single turn, {s['max_new_tokens']} new "
+        "tokens per answer "
         f"(stop token outside the vocabulary), temperature {s['temperature']}, top_p {s['top_p']}, top_k {s['top_k']}, "
-        f"AdamW lr {s['lr']} (actors and critics), {s['batch']} joint actions per update, MC G = {s['num_generations']}, "
+        f"AdamW lr {s['lr']} (actors and critics), {s['batch']} joint actions per update, MC G = "
+        f"{s['num_generations']}, "
         f"torch threads {s['threads']}, float32 on {s.get('device', 'cpu')}. Episode budget per run: "
         + ", ".join(f"{size} {n}" for size, n in meta["episodes"].items())
         + " joint actions; repeats: "
@@ -211,15 +213,18 @@ def markdown(meta, rows):
     out.append("")
     mem, mem_name = ("peak_gpu_mib", "GPU") if s.get("device") == "cuda" else ("peak_rss_mib", "RSS")
     out.append(
-        "| size | algo | ours ep/s | theirs ep/s | **ratio ep/s** | per-repeat ratios | ours-plain ep/s (ratio) | ours tok/s "
-        f"| theirs tok/s | ratio tok/s | ours {mem_name} MiB | theirs {mem_name} MiB | {mem_name} ratio | ours final reward "
+        "| size | algo | ours ep/s | theirs ep/s | **ratio ep/s** | per-repeat ratios | ours-plain ep/s (ratio) | "
+        "ours tok/s "
+        f"| theirs tok/s | ratio tok/s | ours {mem_name} MiB | theirs {mem_name} MiB | {mem_name} ratio | ours "
+        "final reward "
         "| theirs final reward |"
     )
     out.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         o, t, q = r["ours"], r["theirs"], r["ratio"]
         out.append(
-            f"| {r['size']} | {r['algo'].upper()} | {fmt(o['episodes_per_s'])} | {fmt(t['episodes_per_s'])} | **{fmt(q['episodes_per_s'])}x** "
+            f"| {r['size']} | {r['algo'].upper()} | {fmt(o['episodes_per_s'])} | {fmt(t['episodes_per_s'])} | "
+            f"**{fmt(q['episodes_per_s'])}x** "
             f"| {', '.join(f'{p:.1f}' for p in q['episodes_per_s_pairwise']) or 'n/a'} "
             + (
                 f"| {fmt(r['plain']['episodes_per_s'])} ({fmt(q['plain_episodes_per_s'])}x) "
@@ -241,7 +246,8 @@ def markdown(meta, rows):
         "comlrl does (the comparison at equal arithmetic). "
         "Medians over the repeats. ep/s: joint actions (reward evaluations) per second of `train()`; tok/s: tokens "
         "produced by `generate()` (all agents) per second of `train()`; RSS: the process's peak resident memory "
-        "(`getrusage`), model loading included; GPU: `torch.cuda.max_memory_allocated()`. Final reward: mean team reward over the last quarter of the "
+        "(`getrusage`), model loading included; GPU: `torch.cuda.max_memory_allocated()`. Final reward: mean team "
+        "reward over the last quarter of the "
         "run's episodes, median over repeats (each repeat's value in brackets; a random team scores about 0.02, "
         "the optimum is 1.0)."
     )
@@ -389,13 +395,16 @@ def main(argv=None) -> int:
                     runs.append(r)
                     if "error" in r:
                         print(
-                            f"[{time.perf_counter() - t_all:6.0f}s] {size} rep{rep} {algo} {lib}: ERROR {r['error']}\n{r.get('stderr_tail', '')[-1500:]}",
+                            f"[{time.perf_counter() - t_all:6.0f}s] {size} rep{rep} {algo} {lib}: ERROR "
+                            f"{r['error']}\n{r.get('stderr_tail', '')[-1500:]}",
                             flush=True,
                         )
                     else:
                         print(
-                            f"[{time.perf_counter() - t_all:6.0f}s] {size} rep{rep} {algo:2s} {lib:6s}: {r['episodes_per_s']:7.2f} ep/s "
-                            f"{r['gen_tokens_per_s']:8.0f} tok/s  RSS {r['peak_rss_mib']:5.0f} MiB  reward {r['reward_first']:+.3f} -> "
+                            f"[{time.perf_counter() - t_all:6.0f}s] {size} rep{rep} {algo:2s} {lib:6s}: "
+                            f"{r['episodes_per_s']:7.2f} ep/s "
+                            f"{r['gen_tokens_per_s']:8.0f} tok/s  RSS {r['peak_rss_mib']:5.0f} MiB  reward "
+                            f"{r['reward_first']:+.3f} -> "
                             f"{r['reward_last']:+.3f}  (train {r['train_s']:.1f}s)",
                             flush=True,
                         )
@@ -411,7 +420,10 @@ def main(argv=None) -> int:
         machine=(
             f"{next((r['device'] for r in runs if 'device' in r), 'GPU')}, {os.cpu_count()} CPU cores"
             if opts.device == "cuda"
-            else f"{platform.machine()}, {os.cpu_count()} cores, shared with other jobs; load average at the end {os.getloadavg()[0]:.1f}"
+            else (
+                f"{platform.machine()}, {os.cpu_count()} cores, shared with other jobs; load average at the end "
+                f"{os.getloadavg()[0]:.1f}"
+            )
         ),
         trl_collm=ours_v,
         comlrl=theirs_v,

@@ -215,7 +215,8 @@ def main():
                 raise SystemExit(f"{side} failed:\n{proc.stderr[-4000:]}")
             runs[side].append(json.loads(lines[-1][len("RESULT ") :]))
             print(
-                f"round {r} {side} (trl {runs[side][-1]['trl']}): {runs[side][-1]['completions_per_s']:.1f} completions/s",
+                f"round {r} {side} (trl {runs[side][-1]['trl']}): {runs[side][-1]['completions_per_s']:.1f} "
+                "completions/s",
                 flush=True,
             )
     summary = {}
@@ -233,7 +234,8 @@ def main():
     for side, s in summary.items():
         curve = " ".join(f"{v:.3f}" for v in s["score_curve"])
         print(
-            f"{side:<8} {s['completions_per_s']:>13.1f} {s['completions_per_s'] / base:>6.2f} {s['peak_rss_mib']:>12.0f}  {curve}"
+            f"{side:<8} {s['completions_per_s']:>13.1f} {s['completions_per_s'] / base:>6.2f} "
+            f"{s['peak_rss_mib']:>12.0f}  {curve}"
         )
     if a.json:
         with open(a.json, "w") as f:

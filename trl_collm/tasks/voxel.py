@@ -215,7 +215,10 @@ def string_target(text: str, font: Mapping[str, tuple[str, ...]] = FONT) -> Targ
         size=size,
         cells=cells,
         distinct_neighbours=True,
-        description=f'the letters "{text}" in the vertical plane z=0 (x = 0..{width - 1} left to right, y = 0..{GLYPH - 1} bottom to top)',
+        description=(
+            f'the letters "{text}" in the vertical plane z=0 (x = 0..{width - 1} left to right, y = '
+            f"0..{GLYPH - 1} bottom to top)"
+        ),
         origin=(0, 0, 0),
         extent=size,
     )

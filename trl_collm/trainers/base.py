@@ -56,12 +56,14 @@ def build_env(env, reward_funcs, reward_model, prompt_formatters, args, team) ->
         raise ValueError("No reward: pass `reward_funcs` (GRPO-style functions), `reward_model`, or an `env`.")
     if args.num_turns > 1:
         raise ValueError(
-            f"`num_turns`={args.num_turns} needs an `env` that produces the next observations; reward functions are single-turn."
+            f"`num_turns`={args.num_turns} needs an `env` that produces the next observations; reward functions "
+            "are single-turn."
         )
     weights = args.reward_weights
     if weights is not None and len(weights) != len(funcs):
         raise ValueError(
-            f"`reward_weights` has {len(weights)} entries for {len(funcs)} reward functions; give one weight per function."
+            f"`reward_weights` has {len(weights)} entries for {len(funcs)} reward functions; give one weight per "
+            "function."
         )
     return RewardFunctionEnv(
         funcs, formatters=prompt_formatters, reward_weights=weights, agent_names=names, reward_type=args.reward_type
@@ -170,7 +172,8 @@ class TeamTrainerBase(_BaseTrainer):
         if len(self.train_dataset) < args.local_batch_size:
             raise ValueError(
                 f"`train_dataset` has {len(self.train_dataset)} rows but one rollout batch takes local_batch_size="
-                f"{args.local_batch_size} (per_device_train_batch_size * gradient_accumulation_steps * num_mini_batches); "
+                f"{args.local_batch_size} (per_device_train_batch_size * gradient_accumulation_steps * "
+                "num_mini_batches); "
                 "lower per_device_train_batch_size or add rows."
             )
         generator = torch.Generator().manual_seed(args.data_seed if args.data_seed is not None else args.seed)
@@ -751,7 +754,8 @@ def _split(x: torch.Tensor, parts: int) -> list[torch.Tensor]:
 
 
 def _fold_single_agent_metrics(metrics: dict, name: str) -> dict:
-    """With one agent, `<name>/x` repeats the team key `x`: drop the copies, keep agent-only keys under their own name."""
+    """With one agent, `<name>/x` repeats the team key `x`: drop the copies, keep agent-only keys under their
+    own name."""
     prefix = f"{name}/"
     out = {k: v for k, v in metrics.items() if not k.startswith(prefix)}
     for k, v in metrics.items():

@@ -130,8 +130,10 @@ def refuse_to_clobber(output_dir: str, overwrite: bool) -> None:
         return
     if not overwrite:
         raise ValueError(
-            f"output_dir {output_dir!r} already holds checkpoints ({', '.join(old[:3])}{', ...' if len(old) > 3 else ''}) "
-            "from an earlier run. Pass `resume_from_checkpoint=True` (CLI: --resume_from_checkpoint true) to continue it, "
+            f"output_dir {output_dir!r} already holds checkpoints "
+            f"({', '.join(old[:3])}{', ...' if len(old) > 3 else ''}) "
+            "from an earlier run. Pass `resume_from_checkpoint=True` (CLI: --resume_from_checkpoint true) to "
+            "continue it, "
             "or `overwrite_output_dir=True` (--overwrite_output_dir) to delete them and start over, or choose another "
             "output_dir."
         )
@@ -166,7 +168,8 @@ def load_checkpoint(trainer, path: str) -> dict:
     if trainer.is_deepspeed_enabled or state["optimizer"] is None:
         raise ValueError(
             "`resume_from_checkpoint` is not supported under DeepSpeed yet (ZeRO shards the optimizer state); the "
-            f"checkpoint's team in {path!r} loads as a model folder, or resume without DeepSpeed from a non-DeepSpeed run."
+            f"checkpoint's team in {path!r} loads as a model folder, or resume without DeepSpeed from a "
+            "non-DeepSpeed run."
         )
     params = dict(trainer.model.named_parameters())
     unknown = [n for n in state["params"] if n not in params]

@@ -60,14 +60,17 @@ def prepare_args_for_deepspeed(args) -> None:
         return
     if args.use_cpu or os.environ.get("ACCELERATE_USE_CPU", "false").lower() in ("1", "true", "yes"):
         raise ValueError(
-            "DeepSpeed was requested (accelerate launch with a DeepSpeed config) but `use_cpu=True` (or ACCELERATE_USE_CPU) "
-            "is set: accelerate then drops the DeepSpeed plugin and trains without it. Remove `use_cpu`; on a machine without "
+            "DeepSpeed was requested (accelerate launch with a DeepSpeed config) but `use_cpu=True` (or "
+            "ACCELERATE_USE_CPU) "
+            "is set: accelerate then drops the DeepSpeed plugin and trains without it. Remove `use_cpu`; on a "
+            "machine without "
             "a GPU DeepSpeed selects its CPU accelerator by itself."
         )
     if getattr(args, "grad_clip_scope", "global") == "per_module" and args.max_grad_norm and args.max_grad_norm > 0:
         raise ValueError(
             "`grad_clip_scope='per_module'` is not supported under DeepSpeed: DeepSpeed clips the global gradient norm "
-            "inside `engine.step()` (`gradient_clipping=max_grad_norm`). Set grad_clip_scope='global' (or max_grad_norm=0)."
+            "inside `engine.step()` (`gradient_clipping=max_grad_norm`). Set grad_clip_scope='global' (or "
+            "max_grad_norm=0)."
         )
     if not torch.cuda.is_available() and args.ddp_backend is None:
         args.ddp_backend = "gloo"
@@ -79,15 +82,18 @@ def prepare_args_for_deepspeed(args) -> None:
         world = int(os.environ.get("WORLD_SIZE", "1"))
         if args.distributed_state is not None and args.distributed_state.num_processes != world:
             raise ValueError(
-                f"DeepSpeed on CPU: accelerate sees {args.distributed_state.num_processes} process(es) out of WORLD_SIZE={world}; "
+                f"DeepSpeed on CPU: accelerate sees {args.distributed_state.num_processes} process(es) out of "
+                f"WORLD_SIZE={world}; "
                 "pass `ddp_backend='gloo'` in the training config."
             )
     plugin = getattr(args, "deepspeed_plugin", None)
     if plugin is not None and plugin.hf_ds_config.is_zero3():
         if plugin.zero3_init_flag:
             raise ValueError(
-                "ZeRO-3 with `zero3_init_flag: true` is not supported by the team trainers: they build frozen reference "
-                "copies, value heads and LoRA adapters from the loaded agents before the DeepSpeed engine exists, which "
+                "ZeRO-3 with `zero3_init_flag: true` is not supported by the team trainers: they build frozen "
+                "reference "
+                "copies, value heads and LoRA adapters from the loaded agents before the DeepSpeed engine exists, "
+                "which "
                 "needs full weights. Set `zero3_init_flag: false` (trl_collm/accelerate_configs/zero3.yaml does); the "
                 "engine still partitions every trainable parameter and the references are sharded at `train()`."
             )
@@ -116,7 +122,8 @@ def configure_deepspeed(trainer) -> None:
     for block in ("optimizer", "scheduler"):
         if block in cfg:
             raise ValueError(
-                f"The DeepSpeed config has an `{block}` block; the team trainers build their own optimizer (one parameter "
+                f"The DeepSpeed config has an `{block}` block; the team trainers build their own optimizer (one "
+                "parameter "
                 f"group per agent / critic) and scheduler. Remove `{block}` from the DeepSpeed config."
             )
     micro = max(1, int(args.per_device_train_batch_size))

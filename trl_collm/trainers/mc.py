@@ -54,8 +54,11 @@ class MultiAgentMCTrainer(TeamTrainerBase):
     _paper = {
         "title": "LLM Collaboration With Multi-Agent Reinforcement Learning",
         "id": "2508.04652",
-        "citation": "@article{liu2025magrpo, title={LLM Collaboration With Multi-Agent Reinforcement Learning}, "
-        "author={Liu, Shuo and Liang, Zeyu and Lyu, Xueguang and Amato, Christopher}, journal={arXiv:2508.04652}, year={2025}}",
+        "citation": (
+            "@article{liu2025magrpo, title={LLM Collaboration With Multi-Agent Reinforcement Learning}, "
+            "author={Liu, Shuo and Liang, Zeyu and Lyu, Xueguang and Amato, Christopher}, journal={arXiv:2508.04652}, "
+            "year={2025}}"
+        ),
     }
 
     def __init__(

@@ -98,9 +98,13 @@ class MultiAgentMCConfig(TeamConfig):
     joint_mode: str = field(
         default="aligned",
         metadata={
-            "help": "'aligned': the g-th samples of all agents form the g-th joint action (G joint actions); 'cross': every "
-            "combination of the agents' samples (capped by max_joint_combinations), each sample credited with the mean "
-            "return of the combinations it took part in (single-turn only)."
+            "help": (
+                "'aligned': the g-th samples of all agents form the g-th joint action (G joint actions); "
+                "'cross': every "
+                "combination of the agents' samples (capped by max_joint_combinations), each sample credited with "
+                "the mean "
+                "return of the combinations it took part in (single-turn only)."
+            )
         },
     )
     max_joint_combinations: int = field(
@@ -109,8 +113,11 @@ class MultiAgentMCConfig(TeamConfig):
     expansion: str = field(
         default="tree",
         metadata={
-            "help": "Multi-turn: 'tree' (every node samples G children: G^T leaves per prompt) or 'per_branch' (G independent "
-            "branches per prompt: G*T generations)."
+            "help": (
+                "Multi-turn: 'tree' (every node samples G children: G^T leaves per prompt) or 'per_branch' (G "
+                "independent "
+                "branches per prompt: G*T generations)."
+            )
         },
     )
     baseline: str = field(
@@ -122,7 +129,10 @@ class MultiAgentMCConfig(TeamConfig):
     loss_type: str = field(
         default="reinforce",
         metadata={
-            "help": "'reinforce' (on-policy, -(sum of log-probs) * A, no ratio/clip) or 'clipped' (ratio surrogate over num_iterations)."
+            "help": (
+                "'reinforce' (on-policy, -(sum of log-probs) * A, no ratio/clip) or 'clipped' (ratio surrogate "
+                "over num_iterations)."
+            )
         },
     )
     num_iterations: int = field(default=1, metadata={"help": "Inner iterations over each batch (loss_type='clipped')."})
@@ -134,7 +144,10 @@ class MultiAgentMCConfig(TeamConfig):
     update_schedule: str = field(
         default="joint",
         metadata={
-            "help": "'joint': one optimizer step per minibatch for all agents; 'per_agent_turn': one step per (agent, turn) group (MAGRPO)."
+            "help": (
+                "'joint': one optimizer step per minibatch for all agents; 'per_agent_turn': one step per "
+                "(agent, turn) group (MAGRPO)."
+            )
         },
     )
     preset: str | None = field(
@@ -149,7 +162,8 @@ class MultiAgentMCConfig(TeamConfig):
         self._check_choices(_MC_CHOICES)
         if self.num_generations < 2 and self.baseline != "none":
             raise ValueError(
-                f"`num_generations`={self.num_generations}: a group baseline needs >= 2 samples; raise it or set baseline='none'."
+                f"`num_generations`={self.num_generations}: a group baseline needs >= 2 samples; raise it or set "
+                "baseline='none'."
             )
         if self.num_generations < 1 or self.num_iterations < 1 or self.max_joint_combinations < 1:
             raise ValueError("`num_generations`, `num_iterations` and `max_joint_combinations` must be >= 1.")

@@ -61,8 +61,11 @@ class MultiAgentPPOTrainer(TeamTrainerBase):
     _paper = {
         "title": "Learning Decentralized LLM Collaboration with Multi-Agent Actor Critic",
         "id": "2601.21972",
-        "citation": "@inproceedings{liu2026collm, title={Learning Decentralized LLM Collaboration with Multi-Agent Actor Critic}, "
-        "author={Liu, Shuo and Chen, Tianle and Amiri, Ryan and Amato, Christopher}, booktitle={ICML}, year={2026}}",
+        "citation": (
+            "@inproceedings{liu2026collm, title={Learning Decentralized LLM Collaboration with Multi-Agent "
+            "Actor Critic}, "
+            "author={Liu, Shuo and Chen, Tianle and Amiri, Ryan and Amato, Christopher}, booktitle={ICML}, year={2026}}"
+        ),
     }
 
     def __init__(

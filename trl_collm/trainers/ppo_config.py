@@ -161,22 +161,32 @@ class MultiAgentPPOConfig(TeamConfig):
     critic_type: str = field(
         default="centralized",
         metadata={
-            "help": "'centralized' (CoLLM-CC: one critic over the joint view) or 'decentralized' (CoLLM-DC: one critic per agent over its own view)."
+            "help": (
+                "'centralized' (CoLLM-CC: one critic over the joint view) or 'decentralized' (CoLLM-DC: one "
+                "critic per agent over its own view)."
+            )
         },
     )
     critic_placement: str | None = field(
         default=None,
         metadata={
-            "help": "'separate' (a value model), 'actor_head' (a value head on an actor's backbone) or 'shared_base_adapter' "
-            "(LoRA adapter + head on the shared base). Default: 'separate' when a value_model is given, 'shared_base_adapter' for a "
-            "shared-base team, else 'separate'."
+            "help": (
+                "'separate' (a value model), 'actor_head' (a value head on an actor's backbone) or "
+                "'shared_base_adapter' "
+                "(LoRA adapter + head on the shared base). Default: 'separate' when a value_model is given, "
+                "'shared_base_adapter' for a "
+                "shared-base team, else 'separate'."
+            )
         },
     )
     centralized_value: str = field(
         default="per_agent_heads",
         metadata={
-            "help": "Centralized critic output: 'team' (one value for the team, as the reference), 'per_agent_heads' (one head per agent), "
-            "or 'agent_tagged' (one head, the view tagged with the agent it values)."
+            "help": (
+                "Centralized critic output: 'team' (one value for the team, as the reference), "
+                "'per_agent_heads' (one head per agent), "
+                "or 'agent_tagged' (one head, the view tagged with the agent it values)."
+            )
         },
     )
     critic_sees_joint_action: bool = field(
@@ -188,7 +198,10 @@ class MultiAgentPPOConfig(TeamConfig):
     critic_backbone_agent: str | None = field(
         default=None,
         metadata={
-            "help": "For critic_placement='actor_head' with a centralized critic: whose backbone carries the head (default: first agent)."
+            "help": (
+                "For critic_placement='actor_head' with a centralized critic: whose backbone carries the head "
+                "(default: first agent)."
+            )
         },
     )
     critic_learning_rate: float | None = field(
@@ -197,8 +210,11 @@ class MultiAgentPPOConfig(TeamConfig):
     critic_updates: str = field(
         default="joint",
         metadata={
-            "help": "'joint': one optimizer step per minibatch for actors and critic together; 'per_agent': the critic is stepped once "
-            "per agent (and turn) group, as the reference code does."
+            "help": (
+                "'joint': one optimizer step per minibatch for actors and critic together; 'per_agent': the "
+                "critic is stepped once "
+                "per agent (and turn) group, as the reference code does."
+            )
         },
     )
     value_normalization: bool = field(
@@ -209,8 +225,11 @@ class MultiAgentPPOConfig(TeamConfig):
     advantage_level: str | None = field(
         default=None,
         metadata={
-            "help": "'turn': the completion is one action valued at the end of its prompt (paper); 'token': per-token values, KL and GAE "
-            "(TRL PPO). Default: 'token' for a single agent (TRL PPO semantics), 'turn' for a team."
+            "help": (
+                "'turn': the completion is one action valued at the end of its prompt (paper); 'token': "
+                "per-token values, KL and GAE "
+                "(TRL PPO). Default: 'token' for a single agent (TRL PPO semantics), 'turn' for a team."
+            )
         },
     )
     advantage_norm_scope: str = field(
@@ -220,7 +239,9 @@ class MultiAgentPPOConfig(TeamConfig):
     advantage_norm_std_floor: float | None = field(
         default=None,
         metadata={
-            "help": "If set, advantages are divided by max(population std, floor) (reference) instead of sqrt(var + 1e-8)."
+            "help": (
+                "If set, advantages are divided by max(population std, floor) (reference) instead of sqrt(var + 1e-8)."
+            )
         },
     )
     policy_loss_type: str = field(
@@ -229,7 +250,10 @@ class MultiAgentPPOConfig(TeamConfig):
     preset: str | None = field(
         default=None,
         metadata={
-            "help": "One word that sets the update rule: 'collm' (the paper's reference rule, comlrl 1.3.2) or 'collm-1.4' (gamma 1.0, no grad clip)."
+            "help": (
+                "One word that sets the update rule: 'collm' (the paper's reference rule, comlrl 1.3.2) or "
+                "'collm-1.4' (gamma 1.0, no grad clip)."
+            )
         },
     )
 
@@ -270,5 +294,6 @@ class MultiAgentPPOConfig(TeamConfig):
         self.check_advantage_level()
         if self.policy_loss_type == "reinforce" and self.num_ppo_epochs > 1:
             raise ValueError(
-                "`policy_loss_type='reinforce'` is on-policy (no ratio); set `num_ppo_epochs=1` or use `policy_loss_type='ppo'`."
+                "`policy_loss_type='reinforce'` is on-policy (no ratio); set `num_ppo_epochs=1` or use "
+                "`policy_loss_type='ppo'`."
             )

@@ -221,9 +221,12 @@ class TeamConfig(_BaseConfig):
     share_prompt_prefix: bool = field(
         default=True,
         metadata={
-            "help": "Compute the leading tokens that all rows of a training forward share (a task's instructions, the G "
-            "samples of one prompt) once instead of once per row. Same numbers up to float rounding; falls back to "
-            "the plain forward where it cannot apply (see trl_collm/prefix.py)."
+            "help": (
+                "Compute the leading tokens that all rows of a training forward share (a task's instructions, "
+                "the G "
+                "samples of one prompt) once instead of once per row. Same numbers up to float rounding; falls back to "
+                "the plain forward where it cannot apply (see trl_collm/prefix.py)."
+            )
         },
     )
 
@@ -232,24 +235,32 @@ class TeamConfig(_BaseConfig):
     use_transformers_continuous_batching: bool = field(
         default=False,
         metadata={
-            "help": "Generate rollouts with transformers' continuous batching (`generate_batch`: paged KV cache, "
-            "continuous batching, CUDA graphs on GPU) instead of `generate()`. LoRA teams run one call per adapter. "
-            "Same sampling settings, stop token and response_length (see docs/generation.md)."
+            "help": (
+                "Generate rollouts with transformers' continuous batching (`generate_batch`: paged KV cache, "
+                "continuous batching, CUDA graphs on GPU) instead of `generate()`. LoRA teams run one call per "
+                "adapter. "
+                "Same sampling settings, stop token and response_length (see docs/generation.md)."
+            )
         },
     )
     transformers_continuous_batching_config: dict | str | None = field(
         default=None,
         metadata={
-            "help": "Keyword arguments for `transformers.generation.ContinuousBatchingConfig` (a dict or JSON "
-            "string). Default on GPU: max_memory_percent=0.5, as in TRL; on CPU the cache is sized to each call."
+            "help": (
+                "Keyword arguments for `transformers.generation.ContinuousBatchingConfig` (a dict or JSON "
+                "string). Default on GPU: max_memory_percent=0.5, as in TRL; on CPU the cache is sized to each call."
+            )
         },
     )
 
     max_prompt_length: int | None = field(
         default=None,
         metadata={
-            "help": "Longest agent prompt in tokens; longer prompts keep their last tokens (with a warning). "
-            "Default: the model's context length minus response_length. Critic views are cut to the critic's context."
+            "help": (
+                "Longest agent prompt in tokens; longer prompts keep their last tokens (with a warning). "
+                "Default: the model's context length minus response_length. Critic views are cut to the critic's "
+                "context."
+            )
         },
     )
     model_init_kwargs: dict | str | None = field(
@@ -276,8 +287,10 @@ class TeamConfig(_BaseConfig):
     agent_context: str = field(
         default="observation",
         metadata={
-            "help": "What an agent is prompted with at turn t: 'observation' (the env's text, which may embed history) "
-            "or 'history' (its own previous observations and completions followed by the new observation)."
+            "help": (
+                "What an agent is prompted with at turn t: 'observation' (the env's text, which may embed history) "
+                "or 'history' (its own previous observations and completions followed by the new observation)."
+            )
         },
     )
     top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling for generation."})
@@ -292,7 +305,10 @@ class TeamConfig(_BaseConfig):
     reward_type: str = field(
         default="auto",
         metadata={
-            "help": "'joint' (one reward per episode shared by all agents), 'per_agent' (a vector of n), or 'auto' (accept both)."
+            "help": (
+                "'joint' (one reward per episode shared by all agents), 'per_agent' (a vector of n), or 'auto' "
+                "(accept both)."
+            )
         },
     )
     early_termination_threshold: float | None = field(
@@ -302,16 +318,20 @@ class TeamConfig(_BaseConfig):
     optim: str = field(
         default="adamw_torch",
         metadata={
-            "help": "The optimizer, built by transformers' optimizer factory: 'adamw_torch', "
-            "'adamw_torch_fused', 'sgd', 'adafactor', 'adagrad' or 'rmsprop'. The default keeps torch's plain "
-            "AdamW, which these trainers always used (transformers 5 defaults to 'adamw_torch_fused', whose "
-            "rounding differs)."
+            "help": (
+                "The optimizer, built by transformers' optimizer factory: 'adamw_torch', "
+                "'adamw_torch_fused', 'sgd', 'adafactor', 'adagrad' or 'rmsprop'. The default keeps torch's plain "
+                "AdamW, which these trainers always used (transformers 5 defaults to 'adamw_torch_fused', whose "
+                "rounding differs)."
+            )
         },
     )
     grad_clip_scope: str = field(
         default="global",
         metadata={
-            "help": "'global': one grad-norm clip over everything; 'per_module': each agent and critic clipped on its own."
+            "help": (
+                "'global': one grad-norm clip over everything; 'per_module': each agent and critic clipped on its own."
+            )
         },
     )
     preset: str | None = field(
@@ -322,15 +342,19 @@ class TeamConfig(_BaseConfig):
     max_nonfinite_steps: int = field(
         default=3,
         metadata={
-            "help": "An optimizer step whose loss or gradients are NaN/inf is skipped (and counted in "
-            "`train/nonfinite_steps_skipped`); this many skipped steps in a row stop the run with an error."
+            "help": (
+                "An optimizer step whose loss or gradients are NaN/inf is skipped (and counted in "
+                "`train/nonfinite_steps_skipped`); this many skipped steps in a row stop the run with an error."
+            )
         },
     )
     overwrite_output_dir: bool = field(
         default=False,
         metadata={
-            "help": "Train into an output_dir that already holds checkpoint-* folders without resuming: their old "
-            "checkpoints are deleted first. Without it (and without resume_from_checkpoint) such a run is refused."
+            "help": (
+                "Train into an output_dir that already holds checkpoint-* folders without resuming: their old "
+                "checkpoints are deleted first. Without it (and without resume_from_checkpoint) such a run is refused."
+            )
         },
     )
 
@@ -396,7 +420,8 @@ class TeamConfig(_BaseConfig):
                 )
             if self.num_agents is not None and self.num_agents != len(self.agent_names):
                 raise ValueError(
-                    f"`num_agents`={self.num_agents} but `agent_names` has {len(self.agent_names)} names; drop one of them or make them agree."
+                    f"`num_agents`={self.num_agents} but `agent_names` has {len(self.agent_names)} names; drop one "
+                    "of them or make them agree."
                 )
         if not 0.0 <= self.gamma <= 1.0:
             raise ValueError(f"`gamma` must be in [0, 1], got {self.gamma}.")

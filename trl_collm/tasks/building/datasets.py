@@ -75,7 +75,9 @@ _OPTIONS = {
 register_task(
     TaskSpec(
         name="building-str",
-        description="StrBuild: two builders write a string in a 5x5 pixel font with alternating colours (2 colours each).",
+        description=(
+            "StrBuild: two builders write a string in a 5x5 pixel font with alternating colours (2 colours each)."
+        ),
         agent_names=list(AGENT_NAMES),
         num_turns=NUM_TURNS,
         make_env=lambda **options: BuildingEnv(kind="str", **options),
@@ -87,7 +89,9 @@ register_task(
 register_task(
     TaskSpec(
         name="building-house",
-        description="HouseBuild: two builders with 2 materials and a block allowance each build a layered house blueprint.",
+        description=(
+            "HouseBuild: two builders with 2 materials and a block allowance each build a layered house blueprint."
+        ),
         agent_names=list(AGENT_NAMES),
         num_turns=NUM_TURNS,
         make_env=lambda **options: BuildingEnv(kind="house", **options),

@@ -195,11 +195,13 @@ class BuildingEnv(MultiAgentEnv):
         mine = [c for c, agents in turn["contested"].items() if agent in agents]
         if mine:
             lines.append(
-                f"Contested cells (edited by two builders, left unchanged): {_listing([_fmt(c) for c in sorted(mine)], k)}"
+                "Contested cells (edited by two builders, left unchanged): "
+                f"{_listing([_fmt(c) for c in sorted(mine)], k)}"
             )
         if det["missing"]:
             lines.append(
-                f"Missing ({len(det['missing'])} of {len(self.target.cells)} target cells): {_listing([_fmt(c) for c in det['missing']], k)}"
+                f"Missing ({len(det['missing'])} of {len(self.target.cells)} target cells): "
+                f"{_listing([_fmt(c) for c in det['missing']], k)}"
             )
         else:
             lines.append("Missing: none, every target cell is filled.")
