@@ -151,6 +151,23 @@ def _figure(path, size, title, xlabel, ylabel):
     plt.close(fig)
 
 
+def plot_seed_band(ax, runs, method):
+    """One method's learning curves over seeds: the mean of each seed's moving mean (window 5) and its min-max band."""
+    curves = [r["curve"] for r in runs]
+    length = min(len(c) for c in curves)
+    xs = [curves[0][i][0] for i in range(length)]
+    smooth = [
+        [sum(v for _, v in c[max(0, i - 4) : i + 1]) / len(c[max(0, i - 4) : i + 1]) for i in range(length)]
+        for c in curves
+    ]
+    mean = [sum(s[i] for s in smooth) / len(smooth) for i in range(length)]
+    lo = [min(s[i] for s in smooth) for i in range(length)]
+    hi = [max(s[i] for s in smooth) for i in range(length)]
+    label = f"{method.upper()}, lr {runs[0]['lr']:g} ({len(runs)} seeds)"
+    ax.plot(xs, mean, color=COLOURS[method], label=label)
+    ax.fill_between(xs, lo, hi, color=COLOURS[method], alpha=0.2)
+
+
 def plot(results, task_name, path, title_extra=""):
     """Mean and min-max band over seeds of each method's runs in `results` (one learning rate per method)."""
     with _figure(
@@ -164,20 +181,7 @@ def plot(results, task_name, path, title_extra=""):
             runs = [r for r in results if r["task"] == task_name and r["method"] == method]
             if not runs:
                 continue
-            curves = [r["curve"] for r in runs]
-            length = min(len(c) for c in curves)
-            xs = [curves[0][i][0] for i in range(length)]
-            smooth = [
-                [sum(v for _, v in c[max(0, i - 4) : i + 1]) / len(c[max(0, i - 4) : i + 1]) for i in range(length)]
-                for c in curves
-            ]
-            mean = [sum(s[i] for s in smooth) / len(smooth) for i in range(length)]
-            lo = [min(s[i] for s in smooth) for i in range(length)]
-            hi = [max(s[i] for s in smooth) for i in range(length)]
-            ax.plot(
-                xs, mean, color=COLOURS[method], label=f"{method.upper()}, lr {runs[0]['lr']:g} ({len(runs)} seeds)"
-            )
-            ax.fill_between(xs, lo, hi, color=COLOURS[method], alpha=0.2)
+            plot_seed_band(ax, runs, method)
 
 
 def plot_lr(results, task_name, lrs, path):

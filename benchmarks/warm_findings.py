@@ -32,7 +32,7 @@ import time
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from paper_findings import COLOURS, _figure, final, steps_to  # one implementation of each measure
+from paper_findings import _figure, final, plot_seed_band, steps_to  # one implementation of each measure
 
 METHODS = ("cc", "dc", "mc")
 RENDER_TARGETS = ("ICML", "LI")
@@ -245,20 +245,7 @@ def plot_curves(results, task_name, path, warm_return):
             runs = [r for r in results if r["method"] == method]
             if not runs:
                 continue
-            curves = [r["curve"] for r in runs]
-            length = min(len(c) for c in curves)
-            xs = [curves[0][i][0] for i in range(length)]
-            smooth = [
-                [sum(v for _, v in c[max(0, i - 4) : i + 1]) / len(c[max(0, i - 4) : i + 1]) for i in range(length)]
-                for c in curves
-            ]
-            mean = [sum(s[i] for s in smooth) / len(smooth) for i in range(length)]
-            lo = [min(s[i] for s in smooth) for i in range(length)]
-            hi = [max(s[i] for s in smooth) for i in range(length)]
-            ax.plot(
-                xs, mean, color=COLOURS[method], label=f"{method.upper()}, lr {runs[0]['lr']:g} ({len(runs)} seeds)"
-            )
-            ax.fill_between(xs, lo, hi, color=COLOURS[method], alpha=0.2)
+            plot_seed_band(ax, runs, method)
         ax.axhline(warm_return, color="grey", ls="--", lw=1, label="warm start (eval)")
 
 
