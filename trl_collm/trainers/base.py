@@ -402,8 +402,8 @@ class TeamTrainerBase(_BaseTrainer):
         if resume_from_checkpoint is None:  # TrainingArguments carries it (the CLI's --resume_from_checkpoint)
             resume_from_checkpoint = args.resume_from_checkpoint
         checkpoint = checkpoints.resolve(resume_from_checkpoint, args.output_dir)
-        if checkpoint is None and self.is_world_process_zero():
-            checkpoints.refuse_to_clobber(args.output_dir, args.overwrite_output_dir)
+        if checkpoint is None:
+            checkpoints.refuse_to_clobber(args.output_dir, args.overwrite_output_dir, self.is_world_process_zero())
         if args.load_best_model_at_end and self.is_deepspeed_enabled:
             raise ValueError(
                 "`load_best_model_at_end` is not supported under DeepSpeed (ZeRO partitions the "

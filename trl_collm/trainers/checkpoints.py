@@ -120,9 +120,10 @@ def _rotate(output_dir: str, limit: int | None, keep: str | None = None) -> None
             shutil.rmtree(path, ignore_errors=True)
 
 
-def refuse_to_clobber(output_dir: str, overwrite: bool) -> None:
+def refuse_to_clobber(output_dir: str, overwrite: bool, delete: bool = True) -> None:
     """A run that does not resume must not mix its checkpoints with an older run's (the transformers convention):
-    refuse, or with `overwrite` delete the old checkpoint-* folders (nothing else in output_dir is touched)."""
+    refuse, or with `overwrite` delete the old checkpoint-* folders (nothing else in output_dir is touched).
+    Every process checks, so all of them refuse together; only the one with `delete` removes folders."""
     if not os.path.isdir(output_dir):
         return
     old = sorted(n for n in os.listdir(output_dir) if _ANY_CHECKPOINT.match(n))
@@ -137,8 +138,9 @@ def refuse_to_clobber(output_dir: str, overwrite: bool) -> None:
             "or `overwrite_output_dir=True` (--overwrite_output_dir) to delete them and start over, or choose another "
             "output_dir."
         )
-    for name in old:
-        shutil.rmtree(os.path.join(output_dir, name), ignore_errors=True)
+    if delete:
+        for name in old:
+            shutil.rmtree(os.path.join(output_dir, name), ignore_errors=True)
 
 
 def resolve(resume_from_checkpoint, output_dir: str) -> str | None:
