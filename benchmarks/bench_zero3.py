@@ -6,10 +6,11 @@
 Each round launches `examples/ds_train.py` once per mode, the modes one right after the other (so a busy machine
 slows all of them alike): `accelerate launch --num_processes 2 --mixed_precision no --config_file
 trl_collm/accelerate_configs/zero3.yaml examples/ds_train.py --iterations 6 --global-batch 8` (zero2.yaml for
-ZeRO-2; `torch.distributed.run` with accelerate's multi-CPU state for plain data parallel). ds_train.py records rank
-0's seconds in rollout, scoring and update per iteration; the table gives the median over every iteration after the
-first (warm-up) of every round, the ratio of each mode's iteration to ZeRO-2's, and (ZeRO-3) how many times rank 0
-fetched a module's partitioned parameters per phase: a count a busy machine does not change.
+ZeRO-2; `torch.distributed.run` with accelerate's multi-CPU state for plain data parallel; `zero3-hooks` adds
+`--per-module-fetches`, i.e. `ds3_gather_for_training=False`). ds_train.py records rank 0's seconds in rollout,
+scoring and update per iteration; the table gives the median over every iteration after the first (warm-up) of every
+round, the ratio of each mode's iteration to ZeRO-2's, and (ZeRO-3) how many times rank 0 gathered partitioned
+parameters per phase (DeepSpeed's per-module fetches plus whole-model gathers): a count a busy machine does not change.
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "examples" / "ds_train.py"
 CONFIGS = ROOT / "trl_collm" / "accelerate_configs"
-MODES = ("zero3", "zero2", "plain")
+# zero3: the default (ds3_gather_for_training: one gather per model and pass); zero3-hooks: scoring and update through
+# DeepSpeed's per-module fetches (ds3_gather_for_training=False, the behaviour before it existed).
+MODES = ("zero3", "zero3-hooks", "zero2", "plain")
 
 
 def _port() -> str:
@@ -56,8 +59,10 @@ def launch(mode: str, out: Path, extra: list[str]) -> dict:
             "--main_process_port",
             _port(),
             "--config_file",
-            str(CONFIGS / f"{mode}.yaml"),
+            str(CONFIGS / f"{mode.split('-')[0]}.yaml"),
         ]
+    if mode == "zero3-hooks":
+        extra = [*extra, "--per-module-fetches"]
     cmd += [str(SCRIPT), "--out", str(out), *extra]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
@@ -94,7 +99,7 @@ def main():
         r["fetches"] = {k: statistics.median(v) for k, v in fetches[m].items() if v}
     base = result.get("zero2", {}).get("iteration")
     print(
-        f"\n{'mode':<7} {'iteration s':>11} {'x ZeRO-2':>8} {'rollout':>8} {'score':>7} {'update':>7}  ZeRO-3 "
+        f"\n{'mode':<11} {'iteration s':>11} {'x ZeRO-2':>8} {'rollout':>8} {'score':>7} {'update':>7}  ZeRO-3 "
         "fetches r/s/u"
     )
     for m, r in result.items():
@@ -102,7 +107,7 @@ def main():
         f = r["fetches"]
         counts = "/".join(str(int(f.get(k, 0))) for k in ("rollout", "score_rollout", "update"))
         print(
-            f"{m:<7} {r['iteration']:>11.3f} {ratio:>8} {r['rollout']:>8.3f} {r['score_rollout']:>7.3f} "
+            f"{m:<11} {r['iteration']:>11.3f} {ratio:>8} {r['rollout']:>8.3f} {r['score_rollout']:>7.3f} "
             f"{r['update']:>7.3f}  {counts}"
         )
     if a.json:

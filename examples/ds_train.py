@@ -74,10 +74,10 @@ def fingerprints(trainer) -> dict:
     return out
 
 
-def time_phases(trainer) -> tuple[dict[str, list[float]], dict[str, list[int]]]:
+def time_phases(trainer) -> tuple[dict[str, list[float]], dict[str, list[int]], list[int]]:
     """Wrap the trainer's rollout / score_rollout / update (instance attributes) and record each call's seconds and,
-    under ZeRO-3, how many times DeepSpeed fetched a module's partitioned parameters (a count that does not depend on
-    how busy the machine is: it shows whether decoding steps run through the parameter hooks)."""
+    under ZeRO-3, how many times partitioned parameters were gathered: DeepSpeed's per-module fetches plus the
+    whole-model gathers of `ds3_gather_for_training` (a count that does not depend on how busy the machine is)."""
     import time
 
     fetches = [0]
@@ -98,15 +98,19 @@ def time_phases(trainer) -> tuple[dict[str, list[float]], dict[str, list[int]]]:
         if fn is None:  # MC has no separate scoring phase
             continue
 
+        def unit_gathers():  # whole-model gathers of trainers/zero3_gathering.py (ds3_gather_for_training)
+            gathering = getattr(trainer, "zero3_gathering", None)
+            return gathering.gathers if gathering is not None else 0
+
         def timed(*a, _fn=fn, _phase=phase, **k):
-            t0, f0 = time.perf_counter(), fetches[0]
+            t0, f0 = time.perf_counter(), fetches[0] + unit_gathers()
             out = _fn(*a, **k)
             times.setdefault(_phase, []).append(time.perf_counter() - t0)
-            counts.setdefault(_phase, []).append(fetches[0] - f0)
+            counts.setdefault(_phase, []).append(fetches[0] + unit_gathers() - f0)
             return out
 
         setattr(trainer, phase, timed)
-    return times, counts
+    return times, counts, fetches  # fetches[0]: DeepSpeed's per-module fetches so far
 
 
 def averaged_history(trainer) -> list[dict]:
@@ -142,6 +146,11 @@ def main():
         help="put one long instruction in front of every prompt (exercises the shared-prefix forward)",
     )
     parser.add_argument("--profile", default=None, help="write rank 0's cProfile of train() to this file")
+    parser.add_argument(
+        "--per-module-fetches",
+        action="store_true",
+        help="ZeRO-3 through DeepSpeed's per-module hooks in scoring and update (ds3_gather_for_training=False)",
+    )
     cli = parser.parse_args()
 
     torch.set_num_threads(1)
@@ -187,6 +196,7 @@ def main():
         disable_tqdm=True,
         logging_steps=1,
         seed=cli.seed,
+        ds3_gather_for_training=not cli.per_module_fetches,
     )
     if cli.trainer == "mc":
         args = MultiAgentMCConfig(num_generations=2, **common)
@@ -219,7 +229,7 @@ def main():
     if not cli.sample:
         sampled = trainer.generation_kwargs
         trainer.generation_kwargs = lambda greedy=False: sampled(greedy=True)
-    phases, fetches = time_phases(trainer)
+    phases, fetches, module_fetches = time_phases(trainer)
     if cli.profile and trainer.is_world_process_zero():
         import cProfile
 
@@ -230,6 +240,7 @@ def main():
     trainer.save_model(team_dir)
     history = averaged_history(trainer)
     prints = fingerprints(trainer)
+    gathering = getattr(trainer, "zero3_gathering", None)  # ds3_gather_for_training's whole-model gathers
     if trainer.is_world_process_zero():
         info = {
             "world_size": trainer.accelerator.num_processes,
@@ -245,6 +256,10 @@ def main():
             # rank 0's seconds per call of each phase (the first iteration includes warm-up)
             "phases_s": phases,
             "zero3_fetches": fetches,  # per call of each phase: ZeRO-3 parameter fetches on rank 0 (0 without ZeRO-3)
+            # the same over the whole run, split: DeepSpeed's per-module fetches and ds3_gather_for_training's gathers
+            "zero3_module_fetches": module_fetches[0],
+            "zero3_unit_gathers": gathering.gathers if gathering else 0,
+            "zero3_gather_s": gathering.gather_seconds if gathering else 0,
         }
         with open(os.path.join(cli.out, "metrics.json"), "w") as f:
             json.dump(info, f, indent=1)

@@ -136,6 +136,8 @@ CASES = [
     pytest.param(3, "separate", "centralized", ("--epochs", "1", "--kl-coef", "0"), id="zero3-cc-separate-single-pass"),
     # Prompts behind one long instruction: actors, critic and references compute the shared prefix once, sharded.
     pytest.param(3, "separate", "centralized", ("--instructions",), id="zero3-cc-separate-shared-prefix"),
+    # ds3_gather_for_training=False: scoring and update through DeepSpeed's own per-module fetches.
+    pytest.param(3, "separate", "centralized", ("--per-module-fetches",), id="zero3-cc-separate-per-module"),
 ]
 
 
@@ -154,6 +156,10 @@ def test_deepspeed_matches_single_process(stage, layout, critic, extra, tmp_path
         assert ds["shared_prefix_forwards"] == ref["shared_prefix_forwards"] == 0
 
     assert ds["world_size"] == 2 and ds["zero_stage"] == stage and "DEEPSPEED" in ds["distributed_type"]
+    if stage == 3 and "--per-module-fetches" not in extra:  # whole-model gathers replaced the per-module fetches
+        assert ds["zero3_unit_gathers"] > 0 and ds["zero3_module_fetches"] == 0, ds
+    elif stage == 3:
+        assert ds["zero3_unit_gathers"] == 0 and ds["zero3_module_fetches"] > 0, ds
     assert ref["world_size"] == 1 and ref["zero_stage"] == -1
     assert len(ds["history"]) == len(ref["history"]) == 3
     for it, (h_ds, h_ref) in enumerate(zip(ds["history"], ref["history"])):

@@ -204,6 +204,18 @@ def test_continuous_batching_refuses_settings_it_would_drop(tiny_lm):
         )
     with pytest.raises(ValueError, match="transformers_continuous_batching_config has unknown keys"):
         ContinuousBatchingBackend({"pages": 3})
+    # ZeRO-3 lockstep decoding (generate()'s synced_gpus=True) cannot be honoured; False is what it does anyway
+    with pytest.raises(ValueError, match="lockstep"):
+        ContinuousBatchingBackend(CB_CONFIG).generate(
+            model, ids, torch.ones_like(ids), {"max_new_tokens": 2, "pad_token_id": 0, "synced_gpus": True}
+        )
+    out = ContinuousBatchingBackend(CB_CONFIG).generate(
+        model,
+        ids,
+        torch.ones_like(ids),
+        {"max_new_tokens": 2, "pad_token_id": 0, "do_sample": False, "synced_gpus": False},
+    )
+    assert out.shape == (1, ids.shape[1] + 2)
 
 
 def test_building_a_trainer_does_not_import_deepspeed(tmp_path, qwen_path):

@@ -90,6 +90,13 @@ class ContinuousBatchingBackend:
         share_prefix: bool = False,
         use_adapter=None,
     ) -> torch.Tensor:
+        if gen_kwargs.get("synced_gpus"):
+            raise ValueError(
+                "use_transformers_continuous_batching cannot decode in lockstep with other ranks (ZeRO-3 with "
+                "`ds3_gather_for_generation=False`); set `ds3_gather_for_generation=True` (the default) or "
+                "use_transformers_continuous_batching=False."
+            )
+        gen_kwargs = {k: v for k, v in gen_kwargs.items() if k != "synced_gpus"}  # False: what generate_batch does
         unsupported = sorted(set(gen_kwargs) - CB_SUPPORTED_KWARGS)
         if unsupported:
             raise ValueError(

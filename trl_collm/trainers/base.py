@@ -265,6 +265,7 @@ class TeamTrainerBase(_BaseTrainer):
             # ZeRO checks the reduced gradients for NaN/inf itself and skips such a step (engine.skipped_steps).
             with distributed.engine_backward(self) as engine:
                 self._accumulate(scored, pairs, agents, logs, micro)
+                distributed.release_gathered(self)  # no gathered copy may outlive the step that updates the shards
                 skipped_before = engine.skipped_steps
                 self.control = self.callback_handler.on_pre_optimizer_step(self.args, self.state, self.control)
                 engine.step()
@@ -317,6 +318,7 @@ class TeamTrainerBase(_BaseTrainer):
                 # then dropped by `_step`.
                 finite = finite and bool(torch.isfinite(loss.detach()).all())
                 self.accelerator.backward(loss * weight * rows / len(mpairs))
+                distributed.release_gathered(self)  # ZeRO-3: the models this loss gathered, now that it is done
             if k < len(parts) - 1:  # transformers' event for an accumulation step that is not an optimizer step
                 self.control = self.callback_handler.on_substep_end(self.args, self.state, self.control)
         return finite
@@ -351,6 +353,9 @@ class TeamTrainerBase(_BaseTrainer):
         )
         if args.stop_token_id is not None:
             kwargs["eos_token_id"] = args.stop_token_id
+        lockstep = distributed.generation_in_lockstep(self)
+        if lockstep is not None:
+            kwargs["synced_gpus"] = lockstep
         if greedy:
             for key in ("temperature", "top_p", "top_k"):  # sampling settings make generate() warn under greedy
                 kwargs.pop(key)

@@ -134,6 +134,16 @@ def configure_deepspeed(trainer) -> None:
     cfg["gradient_clipping"] = float(args.max_grad_norm) if args.max_grad_norm and args.max_grad_norm > 0 else 0.0
     cfg.setdefault("steps_per_print", float("inf"))
     zero = cfg.setdefault("zero_optimization", {})
+    if int(zero.get("stage", 0)) == 3 and args.ds3_gather_for_training:
+        # The trainers gather each model whole (trainers/zero3_gathering.py), so keeping small parameters unpartitioned
+        # saves nothing; it costs a per-parameter all-gather of every such parameter after each optimizer step.
+        if zero.get("stage3_param_persistence_threshold", "auto") == "auto":
+            zero["stage3_param_persistence_threshold"] = 0
+        # DeepSpeed's "memory-efficient" linear (it replaces torch.nn.functional.linear process-wide with a Python
+        # autograd Function, for weights that may be re-partitioned between forward and backward) has nothing to
+        # save when a model stays whole through its backward, and its per-call Python work doubled the tiny
+        # models' generation time.
+        zero.setdefault("memory_efficient_linear", False)
     # Unmanaged accumulation supports overlap_comm only with partitioned gradients (stage 2/3).
     if int(zero.get("stage", 0)) < 2:
         zero["overlap_comm"] = False
@@ -156,6 +166,7 @@ def prepare_model_and_optimizer(trainer) -> None:
     trainer.optimizer = optimizer
     if zero_stage(trainer) == 3:
         _shard_frozen_models(trainer)
+    install_zero3_gathering(trainer)
 
 
 def _shard_frozen_models(trainer) -> None:
@@ -174,43 +185,70 @@ def _shard_frozen_models(trainer) -> None:
 def generation_context(trainer, module):
     """The module to generate with, for the length of one generation call (`AgentTeam.generate` enters it per agent).
 
-    ZeRO-3 with `ds3_gather_for_generation` (the default): the agent's weights are gathered once, and the engine's
-    parameter hooks are taken off the TeamModel until the call ends, then registered again. TRL's
-    `unwrap_model_for_generation` does this only when handed the engine itself; handed an agent (a sub-module, which
-    has no `optimizer` attribute) it gathered the weights but left the hooks on, and their post-forward release
-    re-partitioned the weights so that every decoding step gathered them again (the ZeRO-3 profile in
-    docs/benchmarks.md). With `ds3_gather_for_generation=False` the hooks stay and gather layer by layer (less memory,
+    ZeRO-3 with `ds3_gather_for_training` (the default): the trainer's `Zero3Gathering` gathers the agent once (its
+    module hooks replace DeepSpeed's for the whole run). Otherwise, with `ds3_gather_for_generation` (the default):
+    the agent's weights are gathered once, and the engine's module hooks are taken off until the call ends, then
+    registered again. TRL's `unwrap_model_for_generation` does this only when handed the engine itself; handed an
+    agent (a sub-module, which has no `optimizer` attribute) it gathered the weights but left the hooks on, and their
+    post-forward release re-partitioned the weights so that every decoding step gathered them again (the ZeRO-3
+    profile in docs/benchmarks.md). With both flags False the hooks stay and gather layer by layer (less memory,
     slower). ZeRO-2 and plain runs hold full weights: the module itself.
     """
+    gathering = getattr(trainer, "zero3_gathering", None)
+    if gathering is not None:
+        with torch.no_grad():
+            gathering.touch_module(module)
+        yield module
+        return
     if zero_stage(trainer) != 3 or not trainer.args.ds3_gather_for_generation:
         yield module
         return
     import deepspeed
 
-    offload = _zero3_parameter_offload(trainer.model_wrapped)
+    from trl_collm.trainers.zero3_gathering import _parameter_offload, lift_module_hooks, restore_module_hooks
+
+    offload = _parameter_offload(trainer.model_wrapped)
     with deepspeed.zero.GatheredParameters(list(module.parameters())):
-        for param in offload.module.parameters():
-            param.ds_active_sub_modules.clear()
-        for hook in offload.forward_hooks + offload.backward_hooks:
-            hook.remove()
-        offload.forward_hooks, offload.backward_hooks = [], []
+        lift_module_hooks(offload)
         try:
             yield module
         finally:
-            # Registering on the root module also invalidates the prefetch trace recorded before generation.
-            offload._register_deepspeed_module(offload.module)
+            restore_module_hooks(offload)
 
 
-def _zero3_parameter_offload(engine):
-    """The object that owns a ZeRO-3 engine's module hooks (DeepSpeedZeRoOffload)."""
-    optimizer = getattr(engine, "optimizer", None)
-    offload = getattr(optimizer, "parameter_offload", None)
-    if offload is None or not hasattr(offload, "forward_hooks"):
-        raise RuntimeError(
-            "ZeRO-3 generation: the DeepSpeed engine has no parameter-offload hooks to lift (its optimizer is "
-            f"{type(optimizer).__name__}); set `ds3_gather_for_generation=False` to generate through the hooks."
-        )
-    return offload
+def generation_in_lockstep(trainer) -> bool | None:
+    """generate()'s `synced_gpus` under ZeRO-3 (None elsewhere: transformers' default).
+
+    Lockstep decoding (every rank runs a forward until all ranks are done, with an all-reduce per token) is needed only
+    while DeepSpeed's per-module hooks gather weights during the forward: then every rank must take part in every
+    gather. With the agent gathered whole for the call (`ds3_gather_for_generation`, the default) there is no
+    collective inside generation, so each rank stops when its own rows are done and the per-token all-reduce goes.
+    """
+    if zero_stage(trainer) != 3:
+        return None
+    gathered = getattr(trainer, "zero3_gathering", None) is not None or trainer.args.ds3_gather_for_generation
+    return trainer.accelerator.num_processes > 1 and not gathered
+
+
+def install_zero3_gathering(trainer) -> None:
+    """ZeRO-3 with `ds3_gather_for_training`: one gather per model and pass for the TeamModel's engine and the frozen
+    reference engines (trainers/zero3_gathering.py); `trainer.zero3_gathering` stays None otherwise."""
+    trainer.zero3_gathering = None
+    if zero_stage(trainer) != 3 or not trainer.args.ds3_gather_for_training:
+        return
+    from trl_collm.trainers.zero3_gathering import Zero3Gathering
+
+    refs = [ref for ref in trainer.team._refs.values() if ref is not None and hasattr(ref, "optimizer")]
+    trainer.zero3_gathering = Zero3Gathering([trainer.model_wrapped, *refs])
+    trainer.zero3_gathering.install()
+
+
+def release_gathered(trainer) -> None:
+    """Re-partition every model `Zero3Gathering` holds whole: after each backward, before each optimizer step and
+    before a checkpoint is consolidated (no-op without it)."""
+    gathering = getattr(trainer, "zero3_gathering", None)
+    if gathering is not None:
+        gathering.release()
 
 
 @contextlib.contextmanager
@@ -236,6 +274,7 @@ def full_state_dict(trainer) -> dict | None:
     if zero_stage(trainer) != 3:
         return None
     engine = trainer.model_wrapped
+    release_gathered(trainer)  # its gathers must not overlap the consolidation's
     # The gather works whatever `stage3_gather_16bit_weights_on_model_save` says; the tensors keep the engine's dtype.
     return engine._zero3_consolidated_16bit_state_dict()
 

@@ -73,6 +73,10 @@ class TeamConfig(_BaseConfig):
             Per rank no grad forward pass in the rollout phase.
         ds3_gather_for_generation (`bool`, *optional*, defaults to `True`):
             Gather ZeRO-3 weights for generation (faster; set False for models that do not fit on one device).
+        ds3_gather_for_training (`bool`, *optional*, defaults to `True`):
+            ZeRO-3: in scoring and in the update, gather each model's weights once per pass (kept through the loss's
+            backward) instead of module by module through DeepSpeed's hooks. Needs one model's full weights in memory
+            at a time, as `ds3_gather_for_generation` does; False: DeepSpeed's per-module fetches (least memory).
         share_prompt_prefix (`bool`, *optional*, defaults to `True`):
             Compute the leading tokens that all rows of a training forward share (a task's instructions, the G samples
             of one prompt) once instead of once per row. Same numbers up to float rounding; falls back to the plain
@@ -216,6 +220,16 @@ class TeamConfig(_BaseConfig):
         default=True,
         metadata={
             "help": "Gather ZeRO-3 weights for generation (faster; set False for models that do not fit on one device)."
+        },
+    )
+    ds3_gather_for_training: bool = field(
+        default=True,
+        metadata={
+            "help": (
+                "ZeRO-3: in scoring and in the update, gather each model's weights once per pass instead of module by "
+                "module through DeepSpeed's hooks (one model's full weights in memory at a time; False: per-module "
+                "fetches, least memory)."
+            )
         },
     )
     share_prompt_prefix: bool = field(
