@@ -167,10 +167,14 @@ def run_one(
     t0 = time.time()
     trainer.train()
     seconds = time.time() - t0
-    steps, curve = 0, []
+    steps, curve, critic_ev = 0, [], []
     for m in trainer._metrics_history:
         steps += m["mc/nodes"] if "mc/nodes" in m else args.per_device_train_batch_size * m["objective/turns"]
         curve.append((steps, m["objective/scores"]))
+        # how much of the return's variance the critic(s) explain, per iteration (PPO only; mean over critics)
+        ev = [v for k, v in m.items() if k.endswith("/critic/explained_variance")]
+        if ev:
+            critic_ev.append((steps, sum(ev) / len(ev)))
     team = trainer.team.eval()
     scores = evaluate(task_name, team, s, team=team)
     if render_dir:
@@ -184,6 +188,7 @@ def run_one(
         batch=s["batch"],
         smoke=smoke,
         curve=curve,
+        critic_ev=critic_ev,
         eval=scores,
         seconds=seconds,
     )
