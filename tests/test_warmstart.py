@@ -21,6 +21,7 @@ from trl_collm.warmstart import (
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
 import warm_findings
+import warm_tags_answers
 
 # A toy recipe: it checks the pipeline (transcripts -> SFTTrainer -> a loadable, cached folder), not learning: the
 # building prompts (600+ tokens) are too long to learn the format in CI seconds. Learning is checked on writing-tags.
@@ -219,3 +220,11 @@ def test_tag_answer_rates_count_own_and_teammate_tags():
     assert rates["teammate_tag_rate"] == pytest.approx({"forum": 2 / 3, "subject": 1 / 3})
     rates = tag_answer_rates(rows[:1], [(" used-car", " cars")])  # both wrote the other's tag
     assert rates == {"own_tag_rate": {"forum": 0, "subject": 0}, "teammate_tag_rate": {"forum": 1, "subject": 1}}
+
+
+def test_warm_tags_answers_sorts_answers_by_kind():
+    rows = [{"topic": "cars/used-car"}] * 3
+    texts = [(" cars", " cars"), (" used-car cars", " pets"), (" legaladv", " roommates")]
+    kinds = warm_tags_answers.answer_kinds(rows, texts)
+    assert kinds["forum"] == {"own": 1, "both": 1, "no tag": 1}  # a fragment of a tag is no tag
+    assert kinds["subject"] == {"teammate": 1, "another tag": 2}  # pets, roommates: tags of other posts
