@@ -10,15 +10,18 @@ import pytest
 
 from trl_collm.tasks.building import parse_command
 from trl_collm.warmstart import (
+    TagNoise,
     WarmStartConfig,
     building_transcripts,
     evaluate_building,
     make_warm_start,
+    tag_answer_rates,
     tag_transcripts,
 )
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
 import warm_findings
+import warm_tags_answers
 
 # A toy recipe: it checks the pipeline (transcripts -> SFTTrainer -> a loadable, cached folder), not learning: the
 # building prompts (600+ tokens) are too long to learn the format in CI seconds. Learning is checked on writing-tags.
@@ -50,16 +53,58 @@ def test_building_transcripts_are_commands_with_the_planned_mistakes():
     assert all(("Turn 1 result" in p["prompt"]) == (p["turn"] == 1) for p in pairs)
 
 
-def test_tag_transcripts_mix_right_and_wrong_answers():
-    cfg = WarmStartConfig(task="writing-tags", episodes=200)
-    pairs = tag_transcripts(cfg, cfg.resolved_noise())
-    right = []
+def _answer_kinds(pairs):
+    """Per transcript pair: 'own', 'teammate' or 'neither' (the tag the answer names, read off its own prompt)."""
+    kinds = []
     for p in pairs:
         forum, subject = p["prompt"].split("Tags: ")[1].split("\n")[0].split(" / ")
-        right.append(p["completion"].strip() == (forum if p["agent"] == "forum" else subject))
-    assert (
-        0.3 < sum(right) / len(right) < 0.55
-    )  # own tag with probability 0.4 (plus a random tag that happens to be it)
+        own, mate = (forum, subject) if p["agent"] == "forum" else (subject, forum)
+        answer = p["completion"].strip()
+        kinds.append("own" if answer == own else "teammate" if answer == mate else "neither")
+    return kinds
+
+
+def test_tag_transcripts_mix_own_teammate_and_random_answers():
+    from collections import Counter
+
+    from trl_collm.tasks import get_task
+    from trl_collm.tasks.tags import tags_of
+
+    train_tags = {t for r in get_task("writing-tags").load_dataset("train") for t in tags_of(r).values()}
+    assert len(train_tags) == 26  # 12 forums + 14 subjects: the pool of the "random" answers
+    cfg = WarmStartConfig.for_task("writing-tags", episodes=2000)
+    assert cfg.resolved_noise() == TagNoise(own=0.45, other=0.45, random=0.1)
+    pairs = tag_transcripts(cfg, cfg.resolved_noise())
+    assert len(pairs) == 4000 and pairs == tag_transcripts(cfg, cfg.resolved_noise())  # 2 taggers; seeded
+    assert {p["completion"].strip() for p in pairs} <= train_tags
+    # a random answer is one of the 26 tags, so it is the own (teammate's) tag 1 time in 26:
+    # P(own) = P(teammate) = 0.45 + 0.1 / 26 = 0.4538, P(neither) = 0.1 x 24 / 26 = 0.0923.
+    # Binomial sd over 4,000 answers: 0.0079 (own) and 0.0046 (neither); the bounds are 4 sd.
+    n = Counter(_answer_kinds(pairs))
+    assert abs(n["own"] / 4000 - 0.4538) < 0.032 and abs(n["teammate"] / 4000 - 0.4538) < 0.032
+    assert abs(n["neither"] / 4000 - 0.0923) < 0.019
+    # each pure noise gives only its kind of answer
+    assert set(_answer_kinds(tag_transcripts(cfg, TagNoise(own=1, other=0, random=0)))) == {"own"}
+    assert set(_answer_kinds(tag_transcripts(cfg, TagNoise(own=0, other=1, random=0)))) == {"teammate"}
+    n = Counter(_answer_kinds(tag_transcripts(replace(cfg, episodes=500), TagNoise(own=0, other=0, random=1))))
+    assert 0.85 < n["neither"] / 1000 < 0.99  # 24/26 = 0.923
+
+
+def test_recipes_per_task_and_the_command_line(monkeypatch, tmp_path):
+    import trl_collm.warmstart as ws
+
+    # building-str's recipe is the plain default: its cached warm starts keep their fingerprint
+    assert WarmStartConfig.for_task("building-str").fingerprint() == WarmStartConfig(episodes=160).fingerprint()
+    tags = WarmStartConfig.for_task("writing-tags", seed=3)
+    assert (tags.episodes, tags.epochs, tags.seed) == (2000, 3.0, 3)
+    with pytest.raises(ValueError, match="no recipe"):
+        WarmStartConfig.for_task("writing-summary")
+    made = []
+    monkeypatch.setattr(ws, "make_warm_start", lambda out, cfg, force=False: made.append(cfg) or str(out))
+    ws.main(["--task", "writing-tags", "--out", str(tmp_path / "w"), "--no-eval"])
+    ws.main(["--task", "writing-tags", "--out", str(tmp_path / "w"), "--no-eval", "--episodes", "10", "--epochs", "1"])
+    assert made[0] == WarmStartConfig.for_task("writing-tags")
+    assert (made[1].episodes, made[1].epochs) == (10, 1.0)
 
 
 def test_config_errors_name_the_argument():
@@ -160,4 +205,26 @@ def test_findings_table_and_figures(tmp_path):
 def test_tags_run_trains_from_a_warm_start(tags_warm):
     row = warm_findings.run_one("writing-tags", tags_warm, "cc", 0, 1e-3, True, None)
     assert row["curve"][-1][0] == warm_findings.SMOKE["budget"]  # env steps counted up to the budget
-    assert set(row["eval"]) >= {"return_mean", "own_tag_rate", "perfect_rate"}
+    assert set(row["eval"]) >= {"return_mean", "own_tag_rate", "teammate_tag_rate", "perfect_rate"}
+
+
+def test_tag_answer_rates_count_own_and_teammate_tags():
+    rows = [{"topic": "cars/used-car"}, {"topic": "pets/senior-pet"}, {"topic": "cars/used-car"}]
+    texts = [  # (forum tagger, subject tagger) per row
+        (" cars", " cars"),  # forum right; subject wrote the teammate's tag
+        (" senior-pet pets", " senior"),  # forum wrote both tags; subject wrote a fragment (neither)
+        (" used-car", " used-car"),  # forum wrote the teammate's tag; subject right
+    ]
+    rates = tag_answer_rates(rows, texts)
+    assert rates["own_tag_rate"] == pytest.approx({"forum": 2 / 3, "subject": 1 / 3})
+    assert rates["teammate_tag_rate"] == pytest.approx({"forum": 2 / 3, "subject": 1 / 3})
+    rates = tag_answer_rates(rows[:1], [(" used-car", " cars")])  # both wrote the other's tag
+    assert rates == {"own_tag_rate": {"forum": 0, "subject": 0}, "teammate_tag_rate": {"forum": 1, "subject": 1}}
+
+
+def test_warm_tags_answers_sorts_answers_by_kind():
+    rows = [{"topic": "cars/used-car"}] * 3
+    texts = [(" cars", " cars"), (" used-car cars", " pets"), (" legaladv", " roommates")]
+    kinds = warm_tags_answers.answer_kinds(rows, texts)
+    assert kinds["forum"] == {"own": 1, "both": 1, "no tag": 1}  # a fragment of a tag is no tag
+    assert kinds["subject"] == {"teammate": 1, "another tag": 2}  # pets, roommates: tags of other posts

@@ -45,6 +45,7 @@ __all__ = [
     "make_warm_start",
     "replay_building",
     "rollout_team",
+    "tag_answer_rates",
     "tag_transcripts",
     "transcripts",
 ]
@@ -78,15 +79,22 @@ class BuildingNoise:
 
 @dataclass
 class TagNoise:
-    """How the expert of the writing-tags transcripts errs: it answers its own tag, the teammate's tag, or the tag
-    of a random other post, with these probabilities (normalised)."""
+    """How the expert of the writing-tags transcripts errs: it answers its own tag, the teammate's tag, or a tag
+    drawn uniformly from the train split's tags, with these probabilities (normalised).
 
-    own: float = 0.4
-    other: float = 0.3
-    random: float = 0.3
+    Own and teammate's tag equally often, so the warm start learns to copy one of the two tags of its prompt but
+    not which one is its own: RL has an input-dependent thing to learn. Little random noise: at 0.3 it taught the
+    model tag-like fragments (`legaladv`) instead of the copy rule (docs/warm_start.md)."""
+
+    own: float = 0.45
+    other: float = 0.45
+    random: float = 0.1
 
 
 NOISES = {"building-str": BuildingNoise, "writing-tags": TagNoise}
+# Per-task recipe defaults (WarmStartConfig.for_task, the command line, benchmarks/warm_findings.py). writing-tags:
+# 2,000 episodes x 3 epochs, enough for the 64-wide model to learn to copy a tag from its prompt (800 x 2 was not).
+RECIPES = {"building-str": dict(episodes=160, epochs=2.0), "writing-tags": dict(episodes=2000, epochs=3.0)}
 
 
 @dataclass
@@ -102,6 +110,13 @@ class WarmStartConfig:
     batch_size: int = 8
     learning_rate: float = 3e-3
     seed: int = 0
+
+    @classmethod
+    def for_task(cls, task: str, **overrides) -> WarmStartConfig:
+        """The task's recipe (RECIPES) with `overrides` on top."""
+        if task not in RECIPES:
+            raise ValueError(f"warm start: task {task!r} has no recipe; choose one of {SUPPORTED_TASKS}")
+        return cls(task=task, **dict(RECIPES[task], **overrides))
 
     def resolved_noise(self):
         if self.task not in NOISES:
@@ -398,23 +413,31 @@ def evaluate_building(model_paths: dict | str, rows: list[dict], *, repeats: int
     )
 
 
-def evaluate_tags(model_paths: dict | str, rows: list[dict], *, repeats: int = 1, **kwargs) -> dict:
-    """writing-tags: mean return and how often each tagger wrote its own tag."""
+def tag_answer_rates(rows: list[dict], texts: list[tuple[str, ...]]) -> dict:
+    """writing-tags: per tagger, the share of its answers that hold its own tag and its teammate's (an answer may
+    hold both). `texts[k][i]` is tagger AGENT_NAMES[i]'s answer to rows[k]."""
     from .tasks.tags import AGENT_NAMES, _words, tags_of
 
+    def rate(i, whose):
+        return sum(tags_of(r)[AGENT_NAMES[whose]] in _words(t[i]) for r, t in zip(rows, texts)) / len(rows)
+
+    return dict(
+        own_tag_rate={a: rate(i, i) for i, a in enumerate(AGENT_NAMES)},
+        teammate_tag_rate={a: rate(i, 1 - i) for i, a in enumerate(AGENT_NAMES)},
+    )
+
+
+def evaluate_tags(model_paths: dict | str, rows: list[dict], *, repeats: int = 1, **kwargs) -> dict:
+    """writing-tags: mean return, how often each tagger wrote its own tag and its teammate's, both right."""
     rows = [dict(r) for r in rows for _ in range(repeats)]
     kwargs.setdefault("task", "writing-tags")
-    kwargs.setdefault("max_new_tokens", 8)
+    kwargs.setdefault("max_new_tokens", 16)  # the longest tags (careerguidance, legaladvice, ...) are 11 tokens
     _, roll = rollout_team(model_paths, rows, **kwargs)
     texts = list(zip(*(roll.turns[0][a].gen.texts for a in roll.agent_names)))  # texts[k][i]: agent i, episode k
-    own = {
-        a: sum(tags_of(r)[a] in _words(t[i]) for r, t in zip(rows, texts)) / len(rows)
-        for i, a in enumerate(AGENT_NAMES)
-    }
     return dict(
         episodes=len(rows),
         return_mean=float(roll.rewards.sum(1).mean()),
-        own_tag_rate=own,
+        **tag_answer_rates(rows, texts),
         perfect_rate=float((roll.rewards.sum(1)[:, 0] >= 2.0 - 1e-9).float().mean()),
     )
 
@@ -426,8 +449,8 @@ def main(argv=None):
     p = argparse.ArgumentParser(description="Make a warm-start model folder for a task with trl.SFTTrainer.")
     p.add_argument("--task", default="building-str", choices=SUPPORTED_TASKS)
     p.add_argument("--out", required=True, help="the model folder to write (reused when its fingerprint matches)")
-    p.add_argument("--episodes", type=int, default=None, help="noisy-expert episodes (default: 160 building, 800 tags)")
-    p.add_argument("--epochs", type=float, default=WarmStartConfig.epochs)
+    p.add_argument("--episodes", type=int, default=None, help="noisy-expert episodes (default: the task's RECIPES)")
+    p.add_argument("--epochs", type=float, default=None, help="SFT epochs (default: the task's RECIPES)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--force", action="store_true", help="rebuild even when the fingerprint matches")
     p.add_argument("--no-eval", action="store_true", help="skip the starting-score report")
@@ -435,8 +458,8 @@ def main(argv=None):
     import torch
 
     torch.manual_seed(a.seed)
-    episodes = a.episodes or (160 if a.task == "building-str" else 800)
-    cfg = WarmStartConfig(task=a.task, episodes=episodes, epochs=a.epochs, seed=a.seed)
+    given = {k: v for k, v in dict(episodes=a.episodes, epochs=a.epochs).items() if v is not None}
+    cfg = WarmStartConfig.for_task(a.task, seed=a.seed, **given)
     path = make_warm_start(a.out, cfg, force=a.force)
     print(f"warm start: {path} (fingerprint {cfg.fingerprint()})")
     if not a.no_eval:
