@@ -261,3 +261,38 @@ def test_eval_and_play_flags_select_the_backend():
         )
     )
     assert isinstance(backend, ContinuousBatchingBackend) and backend.config == {"page_size": 16}
+
+
+def test_continuous_batching_keeps_its_manager_between_calls(tiny_lm, monkeypatch):
+    """The manager (paged cache, warm-up) is built once and reused while the settings and sizes allow, rebuilt when
+    they do not; a reused manager gives the same greedy tokens as generate()."""
+    from transformers.generation.continuous_batching.continuous_api import ContinuousBatchingManager
+
+    model, tok = tiny_lm
+    built = []
+    original_init = ContinuousBatchingManager.__init__
+
+    def counting_init(self, *a, **k):
+        built.append(self)
+        original_init(self, *a, **k)
+
+    monkeypatch.setattr(ContinuousBatchingManager, "__init__", counting_init)
+    backend = ContinuousBatchingBackend(CB_CONFIG)
+    short = tok(["red wool", "blue wool"], return_tensors="pt", padding=True)
+    greedy = {"max_new_tokens": 4, "pad_token_id": tok.pad_token_id, "do_sample": False}
+    first = backend.generate(model, short["input_ids"], short["attention_mask"], greedy)
+    second = backend.generate(model, short["input_ids"], short["attention_mask"], greedy)
+    assert len(built) == 1 and torch.equal(first, second)
+    plain = GenerateBackend().generate(model, short["input_ids"], short["attention_mask"], greedy)
+    assert torch.equal(second, plain)
+    # other settings: a new manager (the old one is freed)
+    backend.generate(model, short["input_ids"], short["attention_mask"], dict(greedy, do_sample=True, top_k=5))
+    assert len(built) == 2
+    # a longer answer than the manager was built for: rebuilt; then the same call again reuses it
+    longer = dict(greedy, do_sample=True, top_k=5, max_new_tokens=12)
+    backend.generate(model, short["input_ids"], short["attention_mask"], longer)
+    backend.generate(model, short["input_ids"], short["attention_mask"], longer)
+    assert len(built) == 3
+    assert len(backend._managers) == 1
+    backend.close()
+    assert not backend._managers and not hasattr(model, "_cached_continuous_batching_manager")

@@ -18,8 +18,12 @@ picks one from the trainer arguments.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import dataclasses
+import logging
 import math
+import weakref
 
 import torch
 
@@ -78,6 +82,19 @@ class ContinuousBatchingBackend:
             )
         self.config = dict(config or {})
         _check_config_keys(self.config)
+        # (id(model), adapter) -> the manager kept from the last call and what it was built for (see _generate_batch)
+        self._managers: dict[tuple, _KeptManager] = {}
+        _LIVE_BACKENDS.add(self)
+
+    def close(self) -> None:
+        """Stop and free the managers kept between calls."""
+        managers, self._managers = self._managers, {}
+        for kept in managers.values():
+            kept.manager.destroy()
+
+    def __del__(self):
+        with contextlib.suppress(Exception):  # interpreter shutdown may have torn transformers down already
+            self.close()
 
     def generate(
         self,
@@ -113,7 +130,8 @@ class ContinuousBatchingBackend:
             for name in dict.fromkeys(adapter_names):
                 rows = [i for i, a in enumerate(adapter_names) if a == name]
                 with use_adapter(name) if use_adapter is not None else contextlib.nullcontext(model) as m:
-                    for i, tokens in zip(rows, self._generate_batch(m, [prompts[i] for i in rows], gen_kwargs)):
+                    batch = self._generate_batch(m, [prompts[i] for i in rows], gen_kwargs, adapter=name)
+                    for i, tokens in zip(rows, batch):
                         new[i] = tokens
         width = max((len(t) for t in new), default=0)
         out = torch.full((ids.shape[0], ids.shape[1] + width), pad, dtype=ids.dtype, device=ids.device)
@@ -123,7 +141,9 @@ class ContinuousBatchingBackend:
                 out[i, ids.shape[1] : ids.shape[1] + len(tokens)] = torch.tensor(tokens, dtype=ids.dtype)
         return out
 
-    def _generate_batch(self, model, prompts: list[list[int]], gen_kwargs: dict) -> list[list[int]]:
+    def _generate_batch(
+        self, model, prompts: list[list[int]], gen_kwargs: dict, adapter: str | None = None
+    ) -> list[list[int]]:
         from transformers import GenerationConfig
         from transformers.generation import ContinuousBatchingConfig
 
@@ -136,22 +156,51 @@ class ContinuousBatchingBackend:
         config.num_return_sequences = 1
         cb = dict(self.config)
         max_new = int(gen_kwargs["max_new_tokens"])
+        need = _Need(rows=len(prompts), longest=max(len(p) for p in prompts) + max_new, blocks=0)
         if inner.device.type == "cpu":
             page = int(cb.get("page_size", 256))
             cb.setdefault("page_size", page)
-            cb.setdefault("num_blocks", sum(math.ceil((len(p) + max_new) / page) for p in prompts) + 1)
+            need.blocks = sum(math.ceil((len(p) + max_new) / page) for p in prompts) + 1
+            # Twice what this call needs: the manager is kept for later calls, whose prompts grow turn by turn.
+            cb.setdefault("num_blocks", 2 * need.blocks)
             cb.setdefault("max_batch_tokens", max(64, min(8192, sum(len(p) for p in prompts))))
         else:
             cb.setdefault("max_memory_percent", 0.5)
+        # The manager (its paged cache, warm-up and, on a GPU, captured CUDA graphs) is kept between calls: building
+        # and tearing it down cost a fixed 0.3-0.6 s per call on CPU (docs/generation.md). transformers keeps one
+        # manager per model (`persistent_manager`) and reuses it whatever the next call asks, so it is kept here per
+        # model and adapter (a LoRA team switches adapters between calls) and rebuilt when the settings change or
+        # the call does not fit what it was sized for.
+        slot = (id(inner), adapter)
+        settings = (config.to_json_string(use_diff=False), repr(sorted((k, repr(v)) for k, v in self.config.items())))
+        kept = self._managers.pop(slot, None)
+        if kept is not None and not kept.serves(settings, need):
+            kept.manager.destroy()
+            kept = None
+        if kept is not None:
+            inner._cached_continuous_batching_manager = kept.manager  # the slot generate_batch looks in
         was_training = inner.training
-        outputs = inner.generate_batch(
-            prompts,
-            generation_config=config,
-            continuous_batching_config=ContinuousBatchingConfig(**cb),
-            progress_bar=False,
-            max_new_tokens=max_new,
-        )
-        inner.train(was_training)
+        try:
+            with _quiet_persistent_manager_warning():
+                outputs = inner.generate_batch(
+                    prompts,
+                    generation_config=config,
+                    continuous_batching_config=ContinuousBatchingConfig(**cb),
+                    progress_bar=False,
+                    max_new_tokens=max_new,
+                    persistent_manager=True,
+                )
+        finally:
+            manager = inner.__dict__.pop("_cached_continuous_batching_manager", None)
+            inner.train(was_training)
+        if manager is not None and any(hasattr(p, "ds_id") for p in inner.parameters()):
+            # ZeRO-3: the next gather puts the weights in new memory, which a kept manager's captured CUDA graphs
+            # would not see; build a fresh manager per call there.
+            manager.destroy()
+            manager = None
+        if manager is not None:
+            capacity = int(cb.get("num_blocks") or 0)
+            self._managers[slot] = kept if kept is not None else _KeptManager(manager, settings, need, capacity)
         results = list(outputs.values())
         failed = [o.request_id for o in results if o.error is not None]
         if len(results) != len(prompts) or failed:
@@ -161,6 +210,57 @@ class ContinuousBatchingBackend:
                 + "; see the transformers log above, or set use_transformers_continuous_batching=False."
             )
         return [list(o.generated_tokens)[:max_new] for o in results]
+
+
+_LIVE_BACKENDS: weakref.WeakSet = weakref.WeakSet()
+
+
+@atexit.register
+def _close_live_backends() -> None:  # before interpreter teardown, while transformers can still free its managers
+    for backend in list(_LIVE_BACKENDS):
+        backend.close()
+
+
+@dataclasses.dataclass
+class _Need:
+    rows: int  # requests in the call
+    longest: int  # longest prompt + max_new_tokens
+    blocks: int  # paged-cache blocks the call needs (CPU sizing; 0 where transformers sizes the cache)
+
+
+@dataclasses.dataclass
+class _KeptManager:
+    manager: object
+    settings: tuple  # generation and continuous-batching settings it was built with
+    built_for: _Need  # the call it was built for (transformers sizes requests per batch and blocks per request by it)
+    capacity: int  # paged-cache blocks it holds (0: sized by transformers from the device's memory)
+
+    def serves(self, settings: tuple, need: _Need) -> bool:
+        b = self.built_for
+        return (
+            settings == self.settings
+            and need.rows <= b.rows
+            and need.longest <= b.longest
+            and (self.capacity == 0 or need.blocks <= self.capacity)
+        )
+
+
+class _DropPersistentManagerWarning(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "persistent_manager=True" not in record.getMessage()
+
+
+@contextlib.contextmanager
+def _quiet_persistent_manager_warning():
+    """generate_batch warns on every call with `persistent_manager=True` that the kept manager is sized for that
+    call; the backend checks that itself (`_KeptManager.serves`)."""
+    log = logging.getLogger("ContinuousBatchingLogger")
+    drop = _DropPersistentManagerWarning()
+    log.addFilter(drop)
+    try:
+        yield
+    finally:
+        log.removeFilter(drop)
 
 
 def make_backend(args=None):

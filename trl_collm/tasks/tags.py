@@ -2,7 +2,7 @@
 
 Two taggers read the same forum post (its title and its two tags, e.g. ``careerguidance / job-offer``). The
 ``forum`` tagger must answer the post's forum tag, the ``subject`` tagger its subject tag. The right answer depends
-on the input (14 forums, 14 subjects over the 120 shipped posts), so a team that scores here has learned
+on the input (12 forums, 14 subjects over the 120 shipped posts), so a team that scores here has learned
 input-dependent behaviour - the thing the paper's writing tasks need and the matrix games never test. Joint reward
 (max 2.0): +1 for each tagger whose answer holds its own tag, -0.5 for each tagger whose answer holds the teammate's
 tag instead of (or besides) its own. Cheap on purpose: prompts of ~40 tokens, answers of a few tokens.
