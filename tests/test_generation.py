@@ -296,3 +296,67 @@ def test_continuous_batching_keeps_its_manager_between_calls(tiny_lm, monkeypatc
     assert len(backend._managers) == 1
     backend.close()
     assert not backend._managers and not hasattr(model, "_cached_continuous_batching_manager")
+
+
+def _scoring_policy_forwards(trainer, roll):
+    """Run PPO's scoring pass and count the policy log-prob forwards it made (reference forwards not counted)."""
+    calls = []
+    team = trainer.team
+    original = team.logprobs
+
+    def counting(*a, **k):
+        if not k.get("reference", False):
+            calls.append(a[0])
+        return original(*a, **k)
+
+    team.logprobs = counting
+    try:
+        scored = trainer.score_rollout(roll)
+    finally:
+        del team.logprobs
+    return calls, scored
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["separate", "lora"])
+def test_old_logprobs_come_from_the_sampler(tmp_path, qwen_path, lora):
+    """With several PPO epochs the old log-probs are the sampler's (no scoring forward), equal to a fresh forward's
+    up to float rounding, in chunks and for LoRA adapters routed per row; a logits-changing generation setting or
+    the continuous-batching backend falls back to the forward."""
+    trainer = _trainer(
+        tmp_path, qwen_path, cb=False, lora=lora, num_ppo_epochs=2, temperature=0.7, local_rollout_forward_batch_size=3
+    )
+    team = trainer.team
+    if lora:
+        _distinct_lora(team)
+    assert team.sampler_logprob_temperature == 0.7
+    trainer.model.eval()
+    roll = trainer.rollout([{"prompt": p} for p in PROMPTS[:4]])
+    calls, scored = _scoring_policy_forwards(trainer, roll)
+    assert calls == []  # no policy forward in scoring
+    for t, turn in enumerate(roll.turns):
+        for a, at in turn.items():
+            g = at.gen
+            assert g.sampled_logprobs is not None and g.sampled_logprobs.shape == g.response_ids.shape
+            fresh = team.logprobs(a, g.query_ids, g.query_mask, g.response_ids, g.response_mask, 0.7)[0].detach()
+            torch.testing.assert_close(scored.turns[t][a].old_logprobs, fresh.masked_fill(~g.response_mask, 0.0))
+            assert (g.sampled_logprobs[~g.response_mask] == 0).all()
+
+    # a repetition penalty changes the logits before the recorder sees them: the forward computes them instead
+    for a in team.names:
+        model = team.model_of(a)
+        inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+        inner.generation_config.repetition_penalty = 1.3
+    assert not trainer._old_logprobs_from_sampler()
+    team.sampler_logprob_temperature = None  # what the trainer sets up for such a team
+    roll = trainer.rollout([{"prompt": p} for p in PROMPTS[:4]])
+    calls, _ = _scoring_policy_forwards(trainer, roll)
+    assert len(calls) == len(team.names) * roll.num_turns * 2  # 4 rows in chunks of 3
+
+
+def test_continuous_batching_leaves_old_logprobs_to_the_forward(tmp_path, qwen_path):
+    trainer = _trainer(tmp_path, qwen_path, cb=True, num_ppo_epochs=2)
+    trainer.model.eval()
+    roll = trainer.rollout([{"prompt": p} for p in PROMPTS[:4]])
+    assert all(at.gen.sampled_logprobs is None for turn in roll.turns for at in turn.values())
+    calls, _ = _scoring_policy_forwards(trainer, roll)
+    assert len(calls) == len(trainer.team.names) * roll.num_turns

@@ -34,10 +34,77 @@ CB_SUPPORTED_KWARGS = frozenset(
 )
 
 
+# Generation-config settings that change the logits before a user's logits processor sees them (transformers runs
+# custom processors after these and before the sampling warpers: temperature, top-k, top-p). With any of them set, the
+# logits at sampling time are not the policy's, so the log-probs are left to the scoring forward.
+_LOGIT_CHANGING_SETTINGS = {
+    "repetition_penalty": (None, 1.0),
+    "encoder_repetition_penalty": (None, 1.0),
+    "no_repeat_ngram_size": (None, 0),
+    "encoder_no_repeat_ngram_size": (None, 0),
+    "bad_words_ids": (None,),
+    "min_length": (None, 0),
+    "min_new_tokens": (None, 0),
+    "suppress_tokens": (None,),
+    "begin_suppress_tokens": (None,),
+    "forced_bos_token_id": (None,),
+    "forced_eos_token_id": (None,),
+    "sequence_bias": (None,),
+    "guidance_scale": (None, 1.0),
+    "exponential_decay_length_penalty": (None,),
+    "renormalize_logits": (None, False),
+    "diversity_penalty": (None, 0.0),
+    "watermarking_config": (None,),
+}
+
+
+def sampler_logits_are_the_models(model) -> bool:
+    """Whether generate() samples from the model's own logits for `model` (no penalty or forced token in its
+    generation config), so that the sampler's log-probs are the policy's."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    config = getattr(inner, "generation_config", None)
+    if config is None:
+        return True
+    return all(getattr(config, key, None) in neutral for key, neutral in _LOGIT_CHANGING_SETTINGS.items())
+
+
+class SampledLogprobs:
+    """A logits processor that records, at each decoding step, log softmax(logits / temperature) of the token the
+    sampler then picks: the old log-probs of PPO, from the forward generate() already ran (TRL's PPO took them from
+    the returned scores; this keeps one step's (B, vocab) table at a time instead of all of them).
+
+    At step t it sees the token chosen at step t-1 (the last input id) and reads its log-prob from the table it kept;
+    `finish` reads the last step's. Top-k / top-p filtering comes after it, so the log-probs are over the whole
+    vocabulary, as the policy's are in the loss."""
+
+    def __init__(self, temperature: float):
+        self.temperature = float(temperature)
+        self._table: torch.Tensor | None = None
+        self._steps: list[torch.Tensor] = []
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self._table is not None:
+            self._steps.append(self._table.gather(-1, input_ids[:, -1:]).squeeze(-1))
+        self._table = torch.log_softmax(scores.float() / self.temperature, dim=-1)
+        return scores
+
+    def finish(self, new_tokens: torch.Tensor) -> torch.Tensor:
+        """(B, new tokens) log-probs of `new_tokens`, the tokens generate() returned after the prompt."""
+        if self._table is not None and len(self._steps) < new_tokens.shape[1]:
+            self._steps.append(self._table.gather(-1, new_tokens[:, len(self._steps)].unsqueeze(-1)).squeeze(-1))
+        self._table = None
+        if not self._steps:
+            return torch.zeros(new_tokens.shape, dtype=torch.float32, device=new_tokens.device)
+        out = torch.stack(self._steps, dim=1)[:, : new_tokens.shape[1]]
+        self._steps = []
+        return out
+
+
 class GenerateBackend:
     """HF `generate()` in chunks of `batch_size` rows, with the shared-prefix prefill."""
 
     name = "generate"
+    records_logprobs = True
 
     def generate(
         self,
@@ -49,18 +116,30 @@ class GenerateBackend:
         adapter_names: list[str] | None = None,
         share_prefix: bool = False,
         use_adapter=None,
-    ) -> torch.Tensor:
+        logprob_temperature: float | None = None,
+    ):
+        from transformers import LogitsProcessorList
+
         from .prefix import generate_with_prefix
 
-        outs = []
+        outs, logprobs = [], []
         step = batch_size or ids.shape[0] or 1
         for start in range(0, ids.shape[0], step):
             kwargs = dict(gen_kwargs)
             if adapter_names is not None:
                 kwargs["adapter_names"] = adapter_names[start : start + step]
+            recorder = SampledLogprobs(logprob_temperature) if logprob_temperature is not None else None
+            if recorder is not None:
+                kwargs["logits_processor"] = LogitsProcessorList([recorder])
             rows = slice(start, start + step)
-            outs.append(generate_with_prefix(model, ids[rows], mask[rows], kwargs, enabled=share_prefix))
-        return _right_pad_cat(outs, gen_kwargs["pad_token_id"])
+            out = generate_with_prefix(model, ids[rows], mask[rows], kwargs, enabled=share_prefix)
+            outs.append(out)
+            if recorder is not None:
+                logprobs.append(recorder.finish(out[:, ids.shape[1] :]))
+        sequences = _right_pad_cat(outs, gen_kwargs["pad_token_id"])
+        if logprob_temperature is None:
+            return sequences
+        return sequences, _right_pad_cat(logprobs, 0.0)
 
 
 class ContinuousBatchingBackend:
@@ -74,6 +153,7 @@ class ContinuousBatchingBackend:
     """
 
     name = "continuous_batching"
+    records_logprobs = False  # generate_batch returns tokens only: PPO's scoring forward computes the log-probs
 
     def __init__(self, config: dict | None = None):
         if config is not None and not isinstance(config, dict):

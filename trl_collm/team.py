@@ -32,6 +32,9 @@ class Generation:
     response_mask: torch.Tensor  # (B, Lr) bool: tokens up to and including the first stop token
     texts: list[str]  # decoded responses (stop token and padding removed)
     ended: torch.Tensor  # (B,) bool: the response contains the stop token
+    # (B, Lr) log softmax(logits / T) of each sampled token as the sampler saw it (0 after the stop token), when the
+    # team was asked for them (`sampler_logprob_temperature`) and the backend records them; else None
+    sampled_logprobs: torch.Tensor | None = None
 
 
 def _set_adapter_keep_grads(model, name: str, trainable: list[str]) -> None:
@@ -93,6 +96,8 @@ class AgentTeam(nn.Module):
         self.share_prefix = True  # compute the rows' common prompt prefix once (trl_collm/prefix.py)
         # How prompts become tokens (trl_collm/generation.py): HF generate() unless the trainer picks another backend.
         self.generation_backend = GenerateBackend()
+        # Set by the PPO trainer: record the sampled tokens' log-probs at this temperature while generating (None: off)
+        self.sampler_logprob_temperature: float | None = None
 
     # ------------------------------------------------------------------ access
     def model_of(self, name: str) -> nn.Module:
@@ -184,6 +189,14 @@ class AgentTeam(nn.Module):
         `unwrap` is a context-manager factory (model -> model) used to gather ZeRO-3 weights, or None.
         """
         unwrap = unwrap or contextlib.nullcontext
+        record = {}
+        if self.sampler_logprob_temperature is not None and getattr(self.generation_backend, "records_logprobs", False):
+            record = {"logprob_temperature": self.sampler_logprob_temperature}
+
+        def run(*args, **kwargs):  # the backend's (sequences, log-probs), log-probs None when not recorded
+            out = self.generation_backend.generate(*args, **kwargs, **record)
+            return out if record else (out, None)
+
         if self.layout == "shared_base":
             names = [n for n in self.names if observations.get(n)]
             encoded = {n: self.encode(n, observations[n], device) for n in names}
@@ -192,14 +205,15 @@ class AgentTeam(nn.Module):
             adapter_names = [n for n in names for _ in range(len(observations[n]))]
             with unwrap(self.shared_base) as model:
                 kwargs = dict(gen_kwargs, pad_token_id=self.pad_id(self.names[0]))  # finished rows feed it back in
-                out = self.generation_backend.generate(
+                out, logprobs = run(
                     model, ids, mask, kwargs, batch_size, adapter_names, self.share_prefix, use_adapter=self.active
                 )
             result, start = {}, 0
             for n in names:
                 count = len(observations[n])
                 rows = slice(start, start + count)
-                result[n] = self._finish(n, ids[rows], mask[rows], out[rows, ids.shape[1] :], stop_token_id)
+                lp = logprobs[rows] if logprobs is not None else None
+                result[n] = self._finish(n, ids[rows], mask[rows], out[rows, ids.shape[1] :], stop_token_id, lp)
                 # Each agent's own prompt padding may be shorter than the joint one; trim the shared left padding.
                 result[n] = _trim_left(result[n])
                 start += count
@@ -211,11 +225,11 @@ class AgentTeam(nn.Module):
             ids, mask = self.encode(n, observations[n], device)
             with unwrap(self.policies[n]) as model:
                 kwargs = dict(gen_kwargs, pad_token_id=self.pad_id(n))  # finished rows feed it back in
-                out = self.generation_backend.generate(model, ids, mask, kwargs, batch_size, None, self.share_prefix)
-            result[n] = self._finish(n, ids, mask, out[:, ids.shape[1] :], stop_token_id)
+                out, logprobs = run(model, ids, mask, kwargs, batch_size, None, self.share_prefix)
+            result[n] = self._finish(n, ids, mask, out[:, ids.shape[1] :], stop_token_id, logprobs)
         return result
 
-    def _finish(self, name, query_ids, query_mask, response_ids, stop_token_id) -> Generation:
+    def _finish(self, name, query_ids, query_mask, response_ids, stop_token_id, logprobs=None) -> Generation:
         tok = self.tokenizers[name]
         stop = self.stop_token_id(name, stop_token_id)
         is_stop = response_ids == stop
@@ -228,7 +242,9 @@ class AgentTeam(nn.Module):
             tok.decode(r[m & (r != stop)].tolist(), skip_special_tokens=True)
             for r, m in zip(response_ids, response_mask)
         ]
-        return Generation(query_ids, query_mask, response_ids, response_mask, texts, ended)
+        if logprobs is not None:
+            logprobs = logprobs.masked_fill(~response_mask, 0.0)
+        return Generation(query_ids, query_mask, response_ids, response_mask, texts, ended, logprobs)
 
     # ------------------------------------------------------------------ log-probs
     def logprobs(

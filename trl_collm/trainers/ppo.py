@@ -16,6 +16,7 @@ import torch
 
 from .. import algorithms as alg
 from ..critics import CriticBatch, build_critic
+from ..generation import sampler_logits_are_the_models
 from ..rollout import Rollout
 from .base import TeamTrainerBase, _chunked, _rows_of
 from .ppo_config import MultiAgentPPOConfig
@@ -105,6 +106,19 @@ class MultiAgentPPOTrainer(TeamTrainerBase):
             **kwargs,
         )
         self.value_rms = alg.RunningMeanStd() if args.value_normalization else None
+        if self._old_logprobs_from_sampler():
+            self.team.sampler_logprob_temperature = args.temperature if args.scale_logits_by_temperature else 1.0
+
+    def _old_logprobs_from_sampler(self) -> bool:
+        """Take the old log-probs from the sampler (one policy forward per agent and turn fewer in scoring, as TRL's
+        PPO did) when the update does not record them itself (`_defer_old_logprobs`) and every agent's generation
+        config leaves the logits as the model gives them (no repetition penalty, forced or suppressed tokens). The
+        numbers are the policy's, from the decoding forward instead of a fresh one: equal up to float rounding (the
+        PPO ratio starts within ~1e-6 of 1). Backends that do not record them (continuous batching) leave them to
+        the scoring forward."""
+        if self._defer_old_logprobs():
+            return False
+        return all(sampler_logits_are_the_models(self.team.model_of(a)) for a in self.team.names)
 
     def checkpoint_state(self) -> dict:
         return {"value_rms": self.value_rms.state_dict()} if self.value_rms is not None else {}
@@ -166,13 +180,16 @@ class MultiAgentPPOTrainer(TeamTrainerBase):
                     old = torch.zeros(g.response_ids.shape, device=g.response_ids.device)
                     scored[a] = PPOTurn(at, old_logprobs=old, old_deferred=True)
                     continue
-                old = _chunked(
-                    lambda s: team.logprobs(
-                        a, g.query_ids[s], g.query_mask[s], g.response_ids[s], g.response_mask[s], temp
-                    )[0],
-                    len(at.episode_ids),
-                    chunk,
-                )
+                if g.sampled_logprobs is not None:  # recorded while sampling (_old_logprobs_from_sampler)
+                    old = g.sampled_logprobs
+                else:
+                    old = _chunked(
+                        lambda s: team.logprobs(
+                            a, g.query_ids[s], g.query_mask[s], g.response_ids[s], g.response_mask[s], temp
+                        )[0],
+                        len(at.episode_ids),
+                        chunk,
+                    )
                 scored[a] = st = PPOTurn(at, old_logprobs=old)
                 if args.kl_coef != 0 and team.has_reference(a):
                     ref = _chunked(
