@@ -41,3 +41,26 @@ def history_context(observations: list[str], completions: list[str]) -> str:
         pieces.append(act)
     pieces.append(observations[-1])
     return "\n".join(pieces)
+
+
+def fair_share(lengths: list[int], budget: int) -> list[int]:
+    """How many tokens of each context to keep so that they sum to at most `budget`: contexts shorter than an equal
+    share keep everything, and the longer ones split the rest equally (a centralized critic's view keeps the latest
+    part of every agent's context instead of losing the first agents' whole)."""
+    budget = max(0, int(budget))
+    if sum(lengths) <= budget:
+        return list(lengths)
+    keep = [0] * len(lengths)
+    left = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    while left:
+        share = budget // len(left)
+        i = left[0]
+        if lengths[i] <= share:  # fits in its share: keep all of it, the others split what it leaves
+            keep[i] = lengths[i]
+            budget -= lengths[i]
+            left.pop(0)
+            continue
+        for j, i in enumerate(left):  # all the rest are longer than their share
+            keep[i] = share + (1 if j < budget - share * len(left) else 0)
+        break
+    return keep

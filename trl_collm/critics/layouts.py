@@ -13,6 +13,7 @@ call (see docs/architecture.md). Where a unit's parameters live is the unit's bu
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -20,7 +21,7 @@ import torch
 from torch import nn
 
 from ..assembly import per_agent
-from ..views import centralized_view, decentralized_view
+from ..views import centralized_view, decentralized_view, fair_share
 from .units import PLACEMENTS, CriticUnit, UnitSpec
 
 if TYPE_CHECKING:
@@ -282,10 +283,13 @@ class CentralizedCritic(TeamCritic):
         out = []
         for t, turn in enumerate(roll.turns):
             ids = turn[names[0]].episode_ids
-            joint = [[turn[a].contexts[k] for a in names] for k in range(len(ids))]
             actions = None
             if self.sees_joint_action:
                 actions = [[turn[a].gen.texts[k] for a in names] for k in range(len(ids))]
+            joint = [
+                self._fit([turn[a].contexts[k] for a in names], actions[k] if actions else None)
+                for k in range(len(ids))
+            ]
 
             def view(k, target=None):
                 return centralized_view(names, joint[k], actions[k] if actions else None, target)
@@ -301,6 +305,29 @@ class CentralizedCritic(TeamCritic):
                 cols = [[a] for a in names] if self.value_mode == "per_agent_heads" else [list(names)]
                 out.append(CriticBatch(self._KEY, t, cols, ids, [view(k) for k in range(len(ids))], None))
         return out
+
+    def _fit(self, contexts: list[str], actions: list[str] | None) -> list[str]:
+        """The agents' contexts cut to the critic's context, each from its left, with the room shared fairly
+        (`fair_share`): cutting the joined view from the left would drop the first agents' contexts whole."""
+        unit = self.units[self._KEY]
+        if unit.max_tokens is None:
+            return contexts
+        names = self.agent_names
+        target = max(names, key=len) if self.value_mode == "agent_tagged" else None
+        count = unit.tokenizer(centralized_view(names, contexts, actions, target), add_special_tokens=False)
+        if len(count["input_ids"]) <= unit.max_tokens:
+            return contexts
+        frame = unit.tokenizer(centralized_view(names, [""] * len(names), actions, target), add_special_tokens=False)
+        # a few tokens per seam for merges that re-tokenizing the cut text may undo; truncate_left stays the backstop
+        budget = unit.max_tokens - len(frame["input_ids"]) - 4 * len(names)
+        ids = unit.tokenizer(list(contexts), add_special_tokens=False)["input_ids"]
+        keep = fair_share([len(row) for row in ids], budget)
+        warnings.warn(
+            f"critic view has {len(count['input_ids'])} tokens, more than the critic's {unit.max_tokens}; keeping the "
+            f"last {keep} tokens of the agents' contexts {list(names)}.",
+            stacklevel=3,
+        )
+        return [unit.tokenizer.decode(row[len(row) - n :]) if n else "" for row, n in zip(ids, keep)]
 
 
 # critic_type -> layout. A new critic type is one TeamCritic subclass plus one register_critic_type call.

@@ -66,7 +66,8 @@ class TeamConfig(_BaseConfig):
             Specifies the ID of the stop token to use for text generation.
         max_prompt_length (`int`, *optional*, defaults to `None`):
             Longest agent prompt in tokens; longer prompts keep their last tokens (with a warning). Default: the model's
-            context length minus response_length. Critic views are cut to the critic's context.
+            context length minus response_length. Critic views are cut to the critic's context (a joint view: each
+            agent's context from its left, sharing the room).
         scale_logits_by_temperature (`bool`, *optional*, defaults to `True`):
             Compute log-probs from logits / temperature (TRL PPO) or from raw logits (reference code).
         local_rollout_forward_batch_size (`int`, *optional*, defaults to `64`):
