@@ -208,6 +208,21 @@ def test_tags_run_trains_from_a_warm_start(tags_warm):
     assert set(row["eval"]) >= {"return_mean", "own_tag_rate", "teammate_tag_rate", "perfect_rate"}
 
 
+@pytest.mark.parametrize("method", ["cc", "mc"])
+def test_building_run_trains_and_renders_from_a_warm_start(toy_warm, method, tmp_path):
+    """The paper-table run itself at toy size (the CI smoke of `warm_findings.py --tasks building-str`): a CC team
+    with its joint-view critic, or MC, trains from the warm folder to the step budget, plays the eval targets, and
+    renders its worlds."""
+    row = warm_findings.run_one("building-str", toy_warm, method, 0, 1e-3, True, str(tmp_path))
+    # one iteration, the smallest the smoke budget (8 env steps) rounds up to: 4 episodes x 4 turns (CC), or one
+    # prompt x G = 4 samples x 4 turns (MC)
+    assert [steps for steps, _ in row["curve"]] == [16.0]
+    assert set(row["eval"]) >= {"iou_pct", "adj_pct", "return_mean", "valid_rate"}
+    assert (len(row["critic_ev"]) == len(row["curve"])) if method == "cc" else row["critic_ev"] == []
+    pngs = sorted(p.name for p in tmp_path.glob("*.png"))
+    assert pngs == [f"{method}-seed0-lr0.001-b8-{t}.png" for t in sorted(warm_findings.RENDER_TARGETS)]
+
+
 def test_tag_answer_rates_count_own_and_teammate_tags():
     rows = [{"topic": "cars/used-car"}, {"topic": "pets/senior-pet"}, {"topic": "cars/used-car"}]
     texts = [  # (forum tagger, subject tagger) per row
