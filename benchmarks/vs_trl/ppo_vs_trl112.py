@@ -90,9 +90,18 @@ def run_side(a, ppo_args: list[str]) -> dict:
     train = trainer_cls.train
 
     def timed_train(self, *args, **kwargs):
+        profile = None
+        if a.profile:  # cProfile of train() only, one file per side (overwritten each round)
+            import cProfile
+
+            profile = cProfile.Profile()
+            profile.enable()
         t0 = time.perf_counter()
         out = train(self, *args, **kwargs)
         result["train_s"] = time.perf_counter() - t0
+        if profile is not None:
+            profile.disable()
+            profile.dump_stats(f"{a.profile}.{a.side}.prof")
         result["score_curve"] = [h["objective/scores"] for h in self.state.log_history if "objective/scores" in h]
         result["iterations"] = len(result["score_curve"])
         return out
@@ -123,6 +132,7 @@ def main():
     p.add_argument("--data", default=None, help="(internal) prompt folder")
     p.add_argument("--model", default=None, help="(internal) model folder")
     p.add_argument("--json", default=None)
+    p.add_argument("--profile", default=None, help="write each side's cProfile of train() to PROFILE.<side>.prof")
     a = p.parse_args()
     if a.side:
         out = tempfile.mkdtemp(prefix=f"vs-trl-ppo-{a.side}-")
