@@ -201,7 +201,7 @@ def main():
     forwarded = [
         f"--{k.replace('_', '-')}={v}"
         for k, v in vars(a).items()
-        if k not in ("side", "sides", "rounds", "json", "venv", "data", "model")
+        if k not in ("side", "sides", "rounds", "json", "venv", "data", "model") and v is not None
     ]
     env = dict(
         os.environ,
