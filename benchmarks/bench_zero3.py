@@ -18,10 +18,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -33,37 +31,17 @@ CONFIGS = ROOT / "trl_collm" / "accelerate_configs"
 MODES = ("zero3", "zero3-hooks", "zero2", "plain")
 
 
-def _port() -> str:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return str(sock.getsockname()[1])
-
-
 def launch(mode: str, out: Path, extra: list[str]) -> dict:
+    from trl_collm.testing import local_launch_command
+
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "RANK", "LOCAL_RANK", "WORLD_SIZE"))}
     env.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", PYTHONPATH=str(ROOT))
     if mode == "plain":
         env["ACCELERATE_USE_CPU"] = "true"
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", _port()]
-    else:
-        cmd = [
-            sys.executable,
-            "-m",
-            "accelerate.commands.launch",
-            "--num_processes",
-            "2",
-            "--num_machines",
-            "1",
-            "--mixed_precision",
-            "no",
-            "--main_process_port",
-            _port(),
-            "--config_file",
-            str(CONFIGS / f"{mode.split('-')[0]}.yaml"),
-        ]
+    cmd = local_launch_command(SCRIPT, None if mode == "plain" else CONFIGS / f"{mode.split('-')[0]}.yaml")
     if mode == "zero3-hooks":
         extra = [*extra, "--per-module-fetches"]
-    cmd += [str(SCRIPT), "--out", str(out), *extra]
+    cmd += ["--out", str(out), *extra]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise SystemExit(f"{mode} failed:\n{proc.stderr[-4000:]}")

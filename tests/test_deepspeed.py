@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from trl_collm.testing import local_launch_command
+
 pytest.importorskip("deepspeed", reason="DeepSpeed is not installed (pip install 'trl-collm[deepspeed]')")
 
 pytestmark = pytest.mark.deepspeed
@@ -31,14 +33,6 @@ METRICS = ["objective/scores", "loss/policy_avg", "loss/value_avg", "objective/k
 RTOL, ATOL = 1e-4, 1e-5  # trajectory tolerance (observed differences are ~1e-6 relative: summation order across ranks)
 WEIGHT_RTOL = 1e-6  # final parameter sums, DeepSpeed run vs one process
 TIMEOUT = 300
-
-
-def _free_port() -> str:
-    import socket
-
-    with socket.socket() as sock:  # a fresh port per launch: no reuse of a previous run's rendezvous port
-        sock.bind(("127.0.0.1", 0))
-        return str(sock.getsockname()[1])
 
 
 def _env(cache: Path) -> dict:
@@ -59,29 +53,8 @@ def _run(cmd: list[str], cache: Path, out: Path) -> dict:
 
 def _launch(stage: int, layout: str, critic: str, tmp: Path, cache: Path, extra=()) -> dict:
     out = tmp / f"zero{stage}"
-    cmd = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        "--num_processes",
-        "2",
-        "--num_machines",
-        "1",
-        "--mixed_precision",
-        "no",
-        "--main_process_port",
-        _free_port(),
-        "--config_file",
-        str(CONFIGS / f"zero{stage}.yaml"),
-        str(SCRIPT),
-        "--out",
-        str(out),
-        "--layout",
-        layout,
-        "--critic",
-        critic,
-        *extra,
-    ]
+    cmd = local_launch_command(SCRIPT, CONFIGS / f"zero{stage}.yaml")
+    cmd += ["--out", str(out), "--layout", layout, "--critic", critic, *extra]
     return _run(cmd, cache, out)
 
 
@@ -195,18 +168,7 @@ def test_two_cpu_processes_without_deepspeed_match_single_process(tmp_path, mode
 
     tiny_model_dir("tiny-qwen2")
     out = tmp_path / "ddp"
-    env_cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        "2",
-        "--master_port",
-        _free_port(),
-        str(SCRIPT),
-        "--out",
-        str(out),
-    ]
+    env_cmd = [*local_launch_command(SCRIPT), "--out", str(out)]
     env = dict(_env(model_cache), ACCELERATE_USE_CPU="true")  # accelerate's multi-CPU (gloo) state, this run only
     proc = subprocess.run(env_cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT)
     assert proc.returncode == 0, proc.stderr[-6000:]
@@ -248,29 +210,8 @@ def test_mc_trainer_zero3_shared_base_runs_and_saves(tmp_path, model_cache):
 
     base_path = tiny_model_dir("tiny-qwen2")
     out = tmp_path / "zero3"
-    cmd = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        "--num_processes",
-        "2",
-        "--num_machines",
-        "1",
-        "--mixed_precision",
-        "no",
-        "--main_process_port",
-        _free_port(),
-        "--config_file",
-        str(CONFIGS / "zero3.yaml"),
-        str(SCRIPT),
-        "--out",
-        str(out),
-        "--trainer",
-        "mc",
-        "--sample",
-        "--layout",
-        "shared_base",
-    ]
+    cmd = local_launch_command(SCRIPT, CONFIGS / "zero3.yaml")
+    cmd += ["--out", str(out), "--trainer", "mc", "--sample", "--layout", "shared_base"]
     ds = _run(cmd, model_cache, out)
     assert ds["world_size"] == 2 and ds["zero_stage"] == 3 and len(ds["history"]) == 3
     assert all(math.isfinite(h["loss/policy_avg"]) for h in ds["history"])

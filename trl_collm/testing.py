@@ -474,3 +474,22 @@ def tiny_model_dir(name: str = "tiny-qwen2", **kwargs) -> str:
     """``save_tiny_model`` into the per-user cache (``$TRL_COLLM_CACHE`` or
     ``~/.cache/trl_collm/tiny-models``); returns the model folder."""
     return save_tiny_model(_cache_root(), name=name, **kwargs)
+
+
+def local_launch_command(script: str, config_file: str | None = None, num_processes: int = 2) -> list[str]:
+    """The command that runs `script` in `num_processes` local processes, on a fresh rendezvous port (no reuse of an
+    earlier run's): `accelerate launch --config_file` with a DeepSpeed config, or `torch.distributed.run` (plain data
+    parallel; the caller sets ACCELERATE_USE_CPU=true for accelerate's multi-CPU state) without one. Arguments for
+    the script go after it."""
+    import socket
+    import sys
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = str(sock.getsockname()[1])
+    if config_file is None:
+        launcher = ["torch.distributed.run", "--nproc_per_node", str(num_processes), "--master_port", port]
+    else:
+        launcher = ["accelerate.commands.launch", "--num_processes", str(num_processes), "--num_machines", "1"]
+        launcher += ["--mixed_precision", "no", "--main_process_port", port, "--config_file", str(config_file)]
+    return [sys.executable, "-m", *launcher, str(script)]

@@ -205,9 +205,9 @@ def generation_context(trainer, module):
         return
     import deepspeed
 
-    from trl_collm.trainers.zero3_gathering import _parameter_offload, lift_module_hooks, restore_module_hooks
+    from trl_collm.trainers.zero3_gathering import lift_module_hooks, parameter_offload, restore_module_hooks
 
-    offload = _parameter_offload(trainer.model_wrapped)
+    offload = parameter_offload(trainer.model_wrapped)
     with deepspeed.zero.GatheredParameters(list(module.parameters())):
         lift_module_hooks(offload)
         try:

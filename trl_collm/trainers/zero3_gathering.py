@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 
-def _parameter_offload(engine):
+def parameter_offload(engine):
     """The object that owns a ZeRO-3 engine's module hooks: DeepSpeedZeRoOffload (an optimizer's `parameter_offload`,
     or, for an engine without an optimizer such as a frozen reference model, the engine's `optimizer` itself)."""
     optimizer = getattr(engine, "optimizer", None)
@@ -82,7 +82,7 @@ class Zero3Gathering:
         from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
 
         self._not_available = ZeroParamStatus.NOT_AVAILABLE
-        self.offloads = [_parameter_offload(e) for e in engines]
+        self.offloads = [parameter_offload(e) for e in engines]
         self.units: list[list[nn.Parameter]] = []
         owner: dict[int, int] = {}  # id(parameter) -> unit index
         seen: set[int] = set()
