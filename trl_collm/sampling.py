@@ -13,10 +13,14 @@ one object the runners call (`Sampler`).
 from __future__ import annotations
 
 import abc
+import contextlib
 import dataclasses
+from collections.abc import Callable
 from typing import ClassVar, NamedTuple
 
 import torch
+
+from .team import AgentTeam, Observation, _left_pad, _unpad_rows
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,3 +195,112 @@ def make_backend(args=None) -> GenerationBackend:
     if name not in BACKENDS:
         raise ValueError(f"generation backend {name!r} is not available (registered: {sorted(BACKENDS)}).")
     return BACKENDS[name].from_config(args)
+
+
+# ---------------------------------------------------------------------------------------------------------- Sampler
+@dataclasses.dataclass
+class Generation:
+    """What one agent produced for a batch of prompts (B rows)."""
+
+    query_ids: torch.Tensor  # (B, Lq) left-padded prompt tokens
+    query_mask: torch.Tensor  # (B, Lq) 1 on real prompt tokens
+    response_ids: torch.Tensor  # (B, Lr) sampled tokens, pad after the stop token
+    response_mask: torch.Tensor  # (B, Lr) bool: tokens up to and including the first stop token
+    texts: list[str]  # decoded responses (stop token and padding removed)
+    ended: torch.Tensor  # (B,) bool: the response contains the stop token
+    # (B, Lr) log softmax(logits / T) of each sampled token as the sampler saw it (0 after the stop token), when the
+    # sampler was asked for them (`Sampler.logprob_temperature`) and its backend records them; else None
+    sampled_logprobs: torch.Tensor | None = None
+
+
+@dataclasses.dataclass
+class Sampler:
+    """A team, a backend and the settings, bound once (by the trainer, or by `inference.play`); the runners call it.
+
+    Separate models: one backend call per agent over its whole batch. Shared base: one call for all agents, each row
+    routed to its agent's adapter. `unwrap`: a context-manager factory (model -> model) that gathers ZeRO-3 weights
+    for the call, or None. `logprob_temperature`: ask the backend for the sampled tokens' log-probs at that
+    temperature (PPO's old log-probs; None: not needed). `lockstep`: asked at each call for generate()'s
+    `synced_gpus` (ZeRO-3 gathering is set up when training starts), or None.
+    """
+
+    team: AgentTeam
+    backend: GenerationBackend
+    settings: SamplingSettings
+    device: torch.device | str = "cpu"
+    unwrap: Callable | None = None
+    logprob_temperature: float | None = None
+    lockstep: Callable[[], bool | None] | None = None
+
+    def with_settings(self, settings: SamplingSettings) -> Sampler:
+        """The same sampler with other settings (e.g. greedy decoding for evaluation)."""
+        return dataclasses.replace(self, settings=settings)
+
+    @torch.no_grad()
+    def __call__(self, observations: dict[str, list[Observation]]) -> dict[str, Generation]:
+        """Sample one completion per observation for every agent that has observations."""
+        team = self.team
+        names = [n for n in team.names if observations.get(n)]
+        if team.layout == "shared_base":
+            encoded = {n: team.encode(n, observations[n], self.device) for n in names}
+            rows = [row for n in names for row in _unpad_rows(*encoded[n])]
+            ids, mask = _left_pad(rows, team.pad_id(team.names[0]), self.device)
+            adapters = [n for n in names for _ in range(len(observations[n]))]
+            out = self._sample(team.shared_base, ids, mask, team.pad_id(team.names[0]), adapters)
+            result, start = {}, 0
+            for n in names:
+                part = slice(start, start + len(observations[n]))
+                lp = out.logprobs[part] if out.logprobs is not None else None
+                # Each agent's own prompt padding may be shorter than the joint one; trim the shared left padding.
+                result[n] = _trim_left(self._finish(n, ids[part], mask[part], out.tokens[part], lp))
+                start += len(observations[n])
+            return result
+        result = {}
+        for n in names:
+            ids, mask = team.encode(n, observations[n], self.device)
+            out = self._sample(team.policies[n], ids, mask, team.pad_id(n))
+            result[n] = self._finish(n, ids, mask, out.tokens, out.logprobs)
+        return result
+
+    def _sample(self, model, ids, mask, pad_id: int, adapter_names: list[str] | None = None) -> Sampled:
+        unwrap = self.unwrap or contextlib.nullcontext
+        record = self.logprob_temperature if self.backend.records_logprobs else None
+        with unwrap(model) as m:
+            return self.backend.generate(
+                m,
+                ids,
+                mask,
+                self.settings,
+                pad_id=pad_id,  # finished rows are fed it back in
+                adapter_names=adapter_names,
+                use_adapter=self.team.active if adapter_names is not None else None,
+                logprob_temperature=record,
+                lockstep=self.lockstep() if self.lockstep is not None else None,
+            )
+
+    def _finish(self, name, query_ids, query_mask, response_ids, logprobs=None) -> Generation:
+        tok = self.team.tokenizers[name]
+        stops = self.settings.stop_token_ids or (tok.eos_token_id,)
+        is_stop = torch.isin(response_ids, torch.tensor(stops, device=response_ids.device))
+        # Everything after the first stop token is padding; the stop token itself belongs to the action.
+        after_stop = (is_stop.long().cumsum(-1) - is_stop.long()) > 0
+        response_mask = ~after_stop
+        ended = is_stop.any(-1)
+        response_ids = response_ids.masked_fill(~response_mask, self.team.pad_id(name))
+        texts = [
+            tok.decode(r[m & ~s].tolist(), skip_special_tokens=True)
+            for r, m, s in zip(response_ids, response_mask, is_stop)
+        ]
+        if logprobs is not None:
+            logprobs = logprobs.masked_fill(~response_mask, 0.0)
+        return Generation(query_ids, query_mask, response_ids, response_mask, texts, ended, logprobs)
+
+
+def _trim_left(gen: Generation) -> Generation:
+    keep = gen.query_mask.any(0)
+    if keep.all() or not keep.any():
+        return gen
+    first = int(keep.nonzero()[0])
+    gen.query_ids = gen.query_ids[:, first:]
+    gen.query_mask = gen.query_mask[:, first:]
+    return gen
