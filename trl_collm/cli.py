@@ -110,7 +110,9 @@ def _resolve_model(path: str | None) -> str:
         from .testing import tiny_model_dir
 
         return tiny_model_dir("tiny-qwen2")
-    return path
+    from .models import resolve_model_name
+
+    return resolve_model_name(path)
 
 
 def _parser_error(prog: str):
