@@ -291,8 +291,10 @@ def supported(machine: str | None = None) -> bool:
     return (machine or platform.machine()) in _ARCHES
 
 
-def filter_bytes(machine: str | None = None) -> bytes:
-    """The filter as ``struct sock_filter`` records, the format ``bwrap --seccomp FD`` reads."""
+def filter_bytes(machine: str | None = None, *, allow: tuple[str, ...] = ()) -> bytes:
+    """The filter as ``struct sock_filter`` records, the format ``bwrap --seccomp FD`` and ``PR_SET_SECCOMP``
+    read; ``allow`` names denied calls to let through (bubblewrap's filter lets ``mount`` through for the runner's
+    set-up, which then loads the whole filter on top)."""
     machine = machine or platform.machine()
     if machine not in _ARCHES:
         raise OSError(f"no seccomp table for the {machine} architecture (supported: {', '.join(_ARCHES)})")
@@ -308,7 +310,7 @@ def filter_bytes(machine: str | None = None) -> bytes:
     if machine == "x86_64":
         op(_JGE, 0x40000000, "kill", None)  # the x32 ABI's numbers alias the denied ones
     for name in _DENIED:
-        if name in numbers:
+        if name in numbers and name not in allow:
             op(_JEQ, numbers[name], "eperm", None)
     op(_RET, _ALLOW)
     labels = {"eperm": len(prog)}
@@ -328,9 +330,9 @@ def filter_bytes(machine: str | None = None) -> bytes:
     return bytes(out)
 
 
-def filter_fd() -> int:
+def filter_fd(*, allow: tuple[str, ...] = ()) -> int:
     """A pipe's read end holding the filter (bwrap reads it to the end); the caller closes it after spawning."""
-    data = filter_bytes()
+    data = filter_bytes(allow=allow)
     r, w = os.pipe()
     try:
         os.write(w, data)  # a few hundred bytes: fits the pipe buffer, never blocks
