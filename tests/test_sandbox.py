@@ -3,6 +3,7 @@ the explicit opt-out. The attacks are in test_sandbox_attacks.py."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import struct
@@ -462,3 +463,26 @@ def test_a_sandbox_that_fails_to_start_is_loud(monkeypatch, tmp_path):
     finally:
         monkeypatch.undo()
         sandbox.shutdown()  # the pool may have started fakes meanwhile
+
+
+@needs_sandbox
+def test_a_runner_that_cannot_finish_the_sandbox_is_loud(monkeypatch):
+    """The runner's set-up (inode caps, dropping capabilities, the whole seccomp filter) failing raises instead of
+    scoring the attempt 0, and the code never runs: here the filter it is given is empty, which the kernel refuses."""
+    real = bwrap._runner_config
+
+    def broken(limits):
+        config = json.loads(real(limits))
+        config["harden"]["seccomp_filter"] = ""
+        return json.dumps(config)
+
+    sandbox.shutdown()  # no warm sandbox with the real set-up
+    monkeypatch.setattr(bwrap, "_runner_config", broken)
+    try:
+        with pytest.raises(SandboxUnavailable, match="sandbox set-up: loading the seccomp filter failed"):
+            run_tests("def f():\n    return 1\n", ["assert f() == 1"], entry_point="f")
+        r = run("print('ran')")
+        assert "ran" not in r.stdout and "sandbox set-up: loading the seccomp filter failed" in r.stderr
+    finally:
+        monkeypatch.undo()
+        sandbox.shutdown()

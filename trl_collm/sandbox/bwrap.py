@@ -216,6 +216,11 @@ def command(limits: Limits, *, seccomp_fd: int | None, info_fd: int | None = Non
 
 def _fix_for(stderr: str) -> str:
     text = stderr.lower()
+    if "sandbox set-up:" in text:
+        return (
+            "the sandbox's runner could not bound its tmpfs mounts or drop its capabilities (it needs a "
+            "non-setuid bubblewrap that allows --cap-add inside its user namespace); see docs/security.md"
+        )
     if any(
         s in text
         for s in (

@@ -191,10 +191,12 @@ class _Sandbox:
         if isinstance(line, str):
             self.child.wait(time.monotonic() + 1.0)
             stderr = self.child.stderr_text().strip()
-            if stderr.startswith("bwrap:"):
-                # bubblewrap itself failed (the solution cannot write there): never a silent zero reward.
+            if stderr.startswith("bwrap:") or "sandbox set-up:" in stderr:
+                # bubblewrap or the runner's set-up failed (the solution, whose stderr is /dev/null, cannot write
+                # there): never a silent zero reward.
                 self.stop()
-                raise SandboxUnavailable(f"a sandbox failed to start: {stderr.splitlines()[0][:300]}")
+                line = next(x for x in stderr.splitlines() if "bwrap:" in x or "sandbox set-up:" in x)
+                raise SandboxUnavailable(f"a sandbox failed to start: {line[:300]}")
             why = self.stop_and_explain(line)
             return {"kind": "died", "why": why}
         self.loaded = True
