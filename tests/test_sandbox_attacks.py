@@ -912,6 +912,23 @@ sample(
     kwargs={"tmp_mb": 1},
 )
 sample(
+    "undo-the-tmpfs-caps",
+    "limits",
+    "script",
+    """
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    # The runner held CAP_SYS_ADMIN (of the sandbox's user namespace) for its own remount: none must be left.
+    class Header(ctypes.Structure):
+        _fields_ = [('version', ctypes.c_uint32), ('pid', ctypes.c_int)]
+    caps = (ctypes.c_uint32 * 6)()
+    libc.capget(ctypes.byref(Header(0x20080522, 0)), caps)
+    remount = libc.mount(None, b'/tmp', None, 32 | 2 | 4, b'size=1073741824,nr_inodes=0')  # MS_REMOUNT
+    print(remount, list(caps))
+    """,
+    printed("-1 [0, 0, 0, 0, 0, 0]"),
+)
+sample(
     "threads-take-host-pids",
     "limits",
     "script",
