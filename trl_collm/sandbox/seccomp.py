@@ -20,6 +20,11 @@ and nothing can outlive a call. The filter refuses:
 * ``socket`` / ``socketpair`` (there is no network in the sandbox anyway) and ``memfd_create`` (anonymous files
   are memory that ``RLIMIT_AS`` does not count).
 
+Left allowed: kernel objects that live behind a file descriptor (pipes, ``eventfd``, ``timerfd``, ``signalfd``,
+``epoll``), which ``RLIMIT_NOFILE`` bounds in number; what they and a few others still hold is listed in
+docs/security.md ("not guaranteed"). ``bubblewrap``'s copy of this filter lets ``mount`` through for the runner's
+remount of its tmpfs mounts; the runner then loads the whole filter itself (``runner._harden``).
+
 Refused calls fail with EPERM; a system-call number of another ABI (x32 on x86-64) or another architecture kills
 the process. Tables: x86-64 (run in CI) and aarch64 (from the kernel's asm-generic table).
 """
