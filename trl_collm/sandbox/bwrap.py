@@ -160,8 +160,10 @@ def command(limits: Limits, *, seccomp_fd: int | None, info_fd: int | None = Non
     # The device files Python and the C library may open, bound one by one: bwrap's --dev would also mount devpts,
     # for which bwrap runs the sandbox in a second, nested user namespace, without the right to remount the tmpfs
     # mounts (runner._harden).
-    for device in ("null", "zero", "full", "random", "urandom"):
-        args += ["--dev-bind", f"/dev/{device}", f"/dev/{device}"]
+    # /dev/null is needed (the runner opens it); the others only where the host has them (a minimal container).
+    args += ["--dev-bind", "/dev/null", "/dev/null"]
+    for device in ("zero", "full", "random", "urandom"):
+        args += ["--dev-bind-try", f"/dev/{device}", f"/dev/{device}"]
     args += [
         "--size",
         str(limits.tmp_mb * mib),
