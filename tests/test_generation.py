@@ -18,8 +18,8 @@ import torch
 from datasets import Dataset
 from peft import LoraConfig
 
-from trl_collm.generation import ContinuousBatchingBackend, GenerateBackend
-from trl_collm.sampling import SamplingSettings, make_backend
+from trl_collm.generation import ContinuousBatchingBackend, GenerateBackend, make_backend
+from trl_collm.sampling import SamplingSettings
 
 # A small paged cache: transformers would otherwise size it from the machine's free RAM.
 CB_CONFIG = {"page_size": 16}

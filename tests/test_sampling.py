@@ -11,13 +11,12 @@ import pytest
 import torch
 
 from trl_collm import MultiAgentMCConfig, MultiAgentMCTrainer, MultiAgentPPOTrainer
-from trl_collm.generation import GenerateBackend
+from trl_collm.generation import GenerateBackend, make_backend
 from trl_collm.sampling import (
     BACKENDS,
     GenerationBackend,
     Sampler,
     SamplingSettings,
-    make_backend,
     register_backend,
 )
 

@@ -18,11 +18,12 @@ environment variable TRL_COLLM_DEBUG=1) shows the full traceback instead. See do
 from __future__ import annotations
 
 import contextlib
-import inspect
 import json
 import os
 import sys
 from dataclasses import dataclass, field
+
+from .tasks import call_with_supported
 
 TINY = "tiny"
 DEBUG_ENV = "TRL_COLLM_DEBUG"
@@ -92,13 +93,6 @@ def _options(task_options) -> dict:
     if not isinstance(opts, dict):
         raise UsageError(f"--task_options must be a JSON object, e.g. '{{\"turns\": 4}}', got {task_options!r}")
     return opts
-
-
-def _call_with_supported(fn, **kwargs):
-    params = inspect.signature(fn).parameters
-    if any(p.kind == p.VAR_KEYWORD for p in params.values()):
-        return fn(**kwargs)
-    return fn(**{k: v for k, v in kwargs.items() if k in params})
 
 
 def _task_turns(task, opts: dict) -> int:
@@ -213,8 +207,8 @@ def train(kind: str, argv: list[str]) -> str:
         if init_kwargs:
             args.model_init_kwargs = {**init_kwargs, **(args.model_init_kwargs or {})}
         data_kwargs = dict(source=task_args.dataset_source, **opts)
-        train_ds = _call_with_supported(task.load_dataset, split="train", limit=task_args.train_limit, **data_kwargs)
-        eval_ds = _call_with_supported(task.load_dataset, split="eval", limit=task_args.eval_limit, **data_kwargs)
+        train_ds = call_with_supported(task.load_dataset, split="train", limit=task_args.train_limit, **data_kwargs)
+        eval_ds = call_with_supported(task.load_dataset, split="eval", limit=task_args.eval_limit, **data_kwargs)
         # the trainer checks this only when train() starts; a user's mistake, said before any model loads
         local_batch = (
             args.per_device_train_batch_size * args.gradient_accumulation_steps * getattr(args, "num_mini_batches", 1)
@@ -226,7 +220,7 @@ def train(kind: str, argv: list[str]) -> str:
                 "--gradient_accumulation_steps x --num_mini_batches); lower the batch or raise "
                 "--train_limit"
             )
-        env = _call_with_supported(task.make_env, **opts)
+        env = call_with_supported(task.make_env, **opts)
         if task_args.agent_models:
             model = [_resolve_model(p) for p in task_args.agent_models]
         else:
@@ -384,17 +378,18 @@ def evaluate_team(argv: list[str], play_mode: bool = False):
         _check_renderable(task, opts)
     num_turns = _task_turns(task, opts) if opts else (desc.get("num_turns") or task.num_turns)
     with user_errors():
-        rows_ds = _call_with_supported(
+        rows_ds = call_with_supported(
             task.load_dataset, split=opts_ns.split, limit=opts_ns.limit, source=opts_ns.dataset_source, **opts
         )
         rows = [rows_ds[i] for i in range(len(rows_ds))]
         if not rows:
             raise UsageError(f"task {task.name!r} has no rows in split {opts_ns.split!r}; check --split / --limit")
-        env = _call_with_supported(task.make_env, **opts)
+        env = call_with_supported(task.make_env, **opts)
     check_team_fits_task(task, env, rows[0], desc, opts_ns.team_dir, explicit_options=bool(opts))
 
+    from .generation import make_backend
     from .inference import load_team, play
-    from .sampling import SamplingSettings, make_backend
+    from .sampling import SamplingSettings
 
     gen = desc.get("generation", {})
     with user_errors():
@@ -434,7 +429,7 @@ def evaluate_team(argv: list[str], play_mode: bool = False):
 
 def _check_renderable(task, opts: dict) -> None:
     with user_errors():
-        env = _call_with_supported(task.make_env, **opts)
+        env = call_with_supported(task.make_env, **opts)
     if not callable(getattr(env, "render_png", None)):
         raise UsageError(
             f"--render draws the building game; task {task.name!r} ({type(env).__name__}) has no render_png(path)"

@@ -1,7 +1,7 @@
 """The built-in generation backends: how a batch of left-padded prompts becomes sampled tokens.
 
 Both implement `trl_collm.sampling.GenerationBackend` (the declared contract: `generate`, `weights_changed`, `close`)
-and are registered by name; `sampling.make_backend(args)` picks one from the trainer arguments. The `Sampler` hands
+and are registered by name; `make_backend(args)` (here) picks one from the trainer arguments. The `Sampler` hands
 every backend the same thing (one model, left-padded prompt ids and mask, the `SamplingSettings`) and gets the same
 thing back (the new tokens, right-padded with the pad id, and where the backend records them the sampler's
 log-probs). The rest of the pipeline (stop-token masks, decoding, log-probs) never knows which backend ran.
@@ -26,7 +26,7 @@ import weakref
 
 import torch
 
-from .sampling import GenerationBackend, Sampled, SamplingSettings, register_backend
+from .sampling import BACKENDS, GenerationBackend, Sampled, SamplingSettings, register_backend
 
 # Generation-config settings that change the logits before a user's logits processor sees them (transformers runs
 # custom processors after these and before the sampling warpers: temperature, top-k, top-p). With any of them set, the
@@ -300,6 +300,24 @@ class ContinuousBatchingBackend(GenerationBackend):
                 + "; see the transformers log above, or set use_transformers_continuous_batching=False."
             )
         return [list(o.generated_tokens)[:max_new] for o in results]
+
+
+def backend_name(args) -> str:
+    """The backend the arguments ask for, by TRL's field names (`use_vllm`, `use_transformers_continuous_batching`)."""
+    if getattr(args, "use_vllm", False):
+        return "vllm"
+    if getattr(args, "use_transformers_continuous_batching", False):
+        return "continuous_batching"
+    return "generate"
+
+
+def make_backend(args=None) -> GenerationBackend:
+    """Build the backend the trainer config or command-line namespace asks for (HF generate() by default;
+    the built-ins above are registered by the time this module is imported)."""
+    name = backend_name(args)
+    if name not in BACKENDS:
+        raise ValueError(f"generation backend {name!r} is not available (registered: {sorted(BACKENDS)}).")
+    return BACKENDS[name].from_config(args)
 
 
 _LIVE_BACKENDS: weakref.WeakSet = weakref.WeakSet()

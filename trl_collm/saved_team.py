@@ -15,6 +15,7 @@ import os
 
 import torch
 
+from .modeling import flatten_adapter_folder
 from .team import AgentTeam
 
 TEAM_FILE = "team.json"
@@ -51,16 +52,15 @@ def describe_team(
 def write_team(output_dir: str, team: AgentTeam, critic, description: dict, full_state: dict | None) -> None:
     """Every agent's folder, the critic's folders and team.json. `full_state`: the gathered state dict of the
     TeamModel when parameters are partitioned (ZeRO-3), else None (the live modules are saved)."""
-    from .trainers import distributed
 
     def part(prefix):
-        return distributed.sub_state_dict(full_state, prefix)  # None: use the live modules
+        return sub_state_dict(full_state, prefix)  # None: use the live modules
 
     os.makedirs(output_dir, exist_ok=True)
     for a in team.names:
         folder = os.path.normpath(os.path.join(output_dir, agent_folder(a, len(team.names))))
         if full_state is not None and team.layout == "shared_base":
-            distributed.save_shared_adapter(team.shared_base, a, folder, part("team.shared_base."))
+            save_shared_adapter(team.shared_base, a, folder, part("team.shared_base."))
             team.tokenizers[a].save_pretrained(folder)
         else:
             team.save_agent(a, folder, state_dict=part(f"team.policies.{a}."))
@@ -68,6 +68,20 @@ def write_team(output_dir: str, team: AgentTeam, critic, description: dict, full
         critic.save(output_dir, part)
     with open(os.path.join(output_dir, TEAM_FILE), "w") as f:
         json.dump(description, f, indent=2)
+
+
+def sub_state_dict(full: dict | None, prefix: str) -> dict | None:
+    """The entries of a gathered TeamModel state dict under `prefix`, with the prefix cut (None stays None)."""
+    if full is None:
+        return None
+    return {k[len(prefix) :]: v for k, v in full.items() if k.startswith(prefix)}
+
+
+def save_shared_adapter(peft_model, adapter: str, folder: str, state_dict: dict | None) -> None:
+    """One adapter of the shared base, flattened into `folder` (PEFT nests non-default adapters)."""
+    kwargs = {} if state_dict is None else {"state_dict": state_dict}
+    peft_model.save_pretrained(folder, selected_adapters=[adapter], **kwargs)
+    flatten_adapter_folder(folder, adapter)
 
 
 def read_team_file(folder: str) -> dict:

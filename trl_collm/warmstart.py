@@ -336,8 +336,9 @@ def rollout_team(
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from .generation import make_backend
     from .rollout import run_episodes
-    from .sampling import Sampler, SamplingSettings, make_backend
+    from .sampling import Sampler, SamplingSettings
     from .tasks import get_task
     from .team import AgentTeam
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import os
 import sys
 from collections.abc import Callable
@@ -31,6 +32,15 @@ class TaskSpec:
     load_dataset: Callable[..., object]
     max_reward: float | None = None  # best possible episode return, for "% of max" reports
     options: dict = field(default_factory=dict)  # documented keyword options of make_env
+
+
+def call_with_supported(fn, **kwargs):
+    """Call a task's `make_env` / `load_dataset` with the options it accepts (all of them when it takes **kwargs):
+    the command line passes one set of options to tasks whose factories take different ones."""
+    params = inspect.signature(fn).parameters
+    if any(p.kind == p.VAR_KEYWORD for p in params.values()):
+        return fn(**kwargs)
+    return fn(**{k: v for k, v in kwargs.items() if k in params})
 
 
 _REGISTRY: dict[str, TaskSpec] = {}
