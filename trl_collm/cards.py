@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import re
 
+from .modeling import base_model_of
+
 PAPER = "Liu, Chen, Amiri, Amato: CoLLM, multi-agent actor-critic for decentralized LLM collaboration (ICML 2026)"
 PAPER_URL = "https://arxiv.org/abs/2601.21972"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
@@ -34,9 +36,7 @@ def base_models(trainer) -> dict[str, str | None]:
     out = {}
     for a in team.names:
         model = team.shared_base if team.layout == "shared_base" else team.model_of(a)
-        if hasattr(model, "get_base_model"):
-            model = model.get_base_model()
-        out[a] = getattr(getattr(model, "config", None), "_name_or_path", None) or None
+        out[a] = getattr(getattr(base_model_of(model), "config", None), "_name_or_path", None) or None
     return out
 
 

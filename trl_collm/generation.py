@@ -26,6 +26,7 @@ import weakref
 
 import torch
 
+from .modeling import base_model_of
 from .sampling import BACKENDS, GenerationBackend, Sampled, SamplingSettings, register_backend
 
 # Generation-config settings that change the logits before a user's logits processor sees them (transformers runs
@@ -55,8 +56,7 @@ _LOGIT_CHANGING_SETTINGS = {
 def sampler_logits_are_the_models(model) -> bool:
     """Whether generate() samples from the model's own logits for `model` (no penalty or forced token in its
     generation config), so that the sampler's log-probs are the policy's."""
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-    config = getattr(inner, "generation_config", None)
+    config = getattr(base_model_of(model), "generation_config", None)
     if config is None:
         return True
     return all(getattr(config, key, None) in neutral for key, neutral in _LOGIT_CHANGING_SETTINGS.items())
@@ -238,7 +238,7 @@ class ContinuousBatchingBackend(GenerationBackend):
         from transformers.generation import ContinuousBatchingConfig
 
         # A PEFT model's LoRA layers live inside the wrapped transformers model, which owns generate_batch.
-        inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+        inner = base_model_of(model)
         base = inner.generation_config.to_dict() if getattr(inner, "generation_config", None) is not None else {}
         # Start from the model's generation config (as generate() does: its eos token when no stop token is set),
         # then the trainer's settings; `top_k=0` / `top_p=1.0` turn those filters off as they do in generate().
