@@ -9,7 +9,10 @@
 from __future__ import annotations
 
 import ast
+import inspect
 import pathlib
+
+import pytest
 
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "trl_collm"
 MAX_MODULE_LINES = 600
@@ -166,3 +169,52 @@ def test_no_module_passes_600_lines():
     assert len(sizes) > 50 and "tasks/code.py" in sizes  # the walk really sees the package
     too_long = {m: n for m, n in sizes.items() if n > MAX_MODULE_LINES and m not in SIZE_EXCEPTIONS}
     assert not too_long, f"modules over {MAX_MODULE_LINES} lines (split them into rooms): {too_long}"
+
+
+# ------------------------------------------------------------------------------------------------ the trainers' faces
+def _trainers():
+    from trl_collm import MultiAgentMCTrainer, MultiAgentPPOTrainer
+
+    return MultiAgentPPOTrainer, MultiAgentMCTrainer
+
+
+def test_trainer_constructors_name_every_argument_and_document_it():
+    """No argument hides in **kwargs, and the class docstring has TRL's `Example:` and an `Args:` entry for each."""
+    ppo, mc = _trainers()
+    for trainer, own in ((ppo, {"value_model", "critic_processing_class"}), (mc, set())):
+        params = inspect.signature(trainer.__init__).parameters
+        assert not any(p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL) for p in params.values()), trainer.__name__
+        names = set(params) - {"self"}
+        assert {"prompt_formatters", "env", "reward_funcs"} | own <= names
+        assert not {"value_model", "critic_processing_class"} & names - own  # MC has no critic to give them to
+        doc = trainer.__doc__
+        assert "\n    Example:\n" in doc and "```python" in doc and "\n    Args:\n" in doc
+        args_section = doc.split("\n    Args:\n")[1]
+        entries = [line for line in args_section.splitlines() if len(line) - len(line.lstrip()) == 8]  # not the text
+        documented = {line.split()[0] for line in entries}
+        assert documented == names, (trainer.__name__, names ^ documented)
+    # TRL's PPOTrainer order, kept for positional callers.
+    assert list(inspect.signature(ppo.__init__).parameters)[1:13] == [
+        "args", "processing_class", "model", "ref_model", "reward_model", "train_dataset", "value_model",
+        "data_collator", "eval_dataset", "optimizers", "callbacks", "peft_config",
+    ]  # fmt: skip
+
+
+def test_mc_refuses_critic_arguments_by_name():
+    """A critic argument given to the critic-free trainer is a TypeError naming it, before any model loads."""
+    _, mc = _trainers()
+    for name in ("value_model", "critic_processing_class"):
+        with pytest.raises(TypeError, match=name):
+            mc(**{name: object()})
+
+
+def test_logprob_temperature_is_one_expression():
+    from trl_collm import MultiAgentMCConfig, MultiAgentPPOConfig
+
+    common = dict(output_dir="unused", use_cpu=True, report_to=[])
+    assert MultiAgentPPOConfig(temperature=0.7, **common).logprob_temperature == 0.7
+    assert MultiAgentPPOConfig(temperature=0.7, scale_logits_by_temperature=False, **common).logprob_temperature == 1
+    assert MultiAgentMCConfig(temperature=0.5, **common).logprob_temperature == 0.5
+    trainers = PACKAGE / "trainers"
+    sources = "".join((trainers / f).read_text() for f in ("base.py", "ppo.py", "mc.py"))
+    assert "scale_logits_by_temperature else" not in sources  # the trainers ask the config, never recompute it

@@ -410,6 +410,12 @@ class TeamConfig(_BaseConfig):
         """Whether a reference policy is needed (a KL term)."""
         return False
 
+    @property
+    def logprob_temperature(self) -> float:
+        """What every log-prob (old, reference, new, the sampler's) divides the logits by: `temperature`, or 1 with
+        `scale_logits_by_temperature=False` (raw logits, as the reference code)."""
+        return self.temperature if self.scale_logits_by_temperature else 1.0
+
     def _check_choices(self, choices: dict, optional: tuple = ()) -> None:
         for name, allowed in choices.items():
             value = getattr(self, name)
