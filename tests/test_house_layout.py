@@ -3,7 +3,9 @@
 - every import runs down a floor: the rooms of `trl_collm` (a top-level module, or a subpackage taken whole) form
   floors, a room sits one floor above the highest room it imports, and no import (module-level or inside a
   function) runs from a room to one on its own floor or above, so there is no import circle either;
-- no module passes 600 lines.
+- no private name (`_helper`) is imported from another room;
+- no module passes 600 lines;
+- the trainers name and document every constructor argument, and compute the log-prob temperature in one place.
 """
 
 from __future__ import annotations
@@ -169,6 +171,32 @@ def test_no_module_passes_600_lines():
     assert len(sizes) > 50 and "tasks/code.py" in sizes  # the walk really sees the package
     too_long = {m: n for m, n in sizes.items() if n > MAX_MODULE_LINES and m not in SIZE_EXCEPTIONS}
     assert not too_long, f"modules over {MAX_MODULE_LINES} lines (split them into rooms): {too_long}"
+
+
+def private_names_across_rooms(package: pathlib.Path) -> list[str]:
+    """`from X import _name` where X is in another room: a private helper another room leans on belongs lower down,
+    under a public name."""
+    files = module_files(package)
+    crossing = []
+    for module, path in files.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            source = _owning_module(_absolute(node, module, path.name == "__init__.py"), files)
+            if source is None or room_of(source) == room_of(module):
+                continue
+            crossing += [f"{module}: {source}.{a.name}" for a in node.names if a.name.startswith("_")]
+    return crossing
+
+
+def test_no_private_name_crosses_a_room(tmp_path):
+    assert private_names_across_rooms(PACKAGE) == []
+    pkg = tmp_path / "trl_collm"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "team.py").write_text("def _pad(): ...\n")
+    (pkg / "sampling.py").write_text("from .team import _pad\n")
+    assert private_names_across_rooms(pkg) == ["trl_collm.sampling: trl_collm.team._pad"]
 
 
 # ------------------------------------------------------------------------------------------------ the trainers' faces
