@@ -1,8 +1,9 @@
-"""The house rules that keep the package readable, checked on the source (no imports, no models):
+"""The house rules that keep the package readable, checked on the source and the trainer classes (no model loads):
 
 - every import runs down a floor: the rooms of `trl_collm` (a top-level module, or a subpackage taken whole) form
   floors, a room sits one floor above the highest room it imports, and no import (module-level or inside a
-  function) runs from a room to one on its own floor or above, so there is no import circle either;
+  function) runs from a room to one on its own floor or above, so there is no import circle either; the floors
+  table of docs/architecture.md is the computed one;
 - no private name (`_helper`) is imported from another room;
 - no module passes 600 lines;
 - the trainers name and document every constructor argument, and compute the log-prob temperature in one place.
@@ -13,6 +14,7 @@ from __future__ import annotations
 import ast
 import inspect
 import pathlib
+import re
 
 import pytest
 
@@ -137,6 +139,20 @@ def test_every_import_runs_down_a_floor():
     # The leaves stay leaves: the model helpers and the pure math import nothing of ours.
     assert floor["modeling"] == 0 and floor["algorithms"] == 0
     assert floor["trainers"] > floor["critics"] > floor["modeling"]
+
+
+def test_architecture_page_shows_the_floors():
+    """docs/architecture.md's floors table lists every room on the floor the source puts it."""
+    arrows = room_arrows(PACKAGE)
+    computed, _ = floors({room_of(m) for m in module_files(PACKAGE)}, arrows)
+    page = (PACKAGE.parent / "docs" / "architecture.md").read_text().split("\n## Floors\n")[1].split("\n## ")[0]
+    shown = {}
+    for line in page.splitlines():
+        cells = line.split("|")
+        if len(cells) == 4 and cells[1].strip().isdigit():
+            for room in re.findall(r"`([a-z_0-9]+)/?`", cells[2]):
+                shown[room] = int(cells[1])
+    assert shown == computed
 
 
 def test_floor_check_sees_an_arrow_up_and_a_circle(tmp_path):
