@@ -320,8 +320,13 @@ def _check_dataset_args(task, source, limits: dict) -> None:
 
 def _count_agents(task, env, row: dict) -> int:
     """How many agents the task's environment actually seats (one observation each), from one episode's start."""
+    from .envs.protocol import _validate_observations
+
     with user_errors(f"task {task.name!r} could not start an episode to check the team: "):
-        return len(env.clone().reset(row))
+        observations = env.clone().reset(row)
+        where = f"{type(env).__name__}.reset"  # the prompts as the rollout will check them (e.g. none empty)
+        n = len(observations) if isinstance(observations, (list, tuple)) else 0  # anything else: refused below
+        return len(_validate_observations(observations, where, 0, n, None))
 
 
 def _check_team_shape(task, env, row: dict, names: list[str], opts: dict) -> None:
@@ -471,8 +476,9 @@ def train(kind: str, argv: list[str]) -> str | None:
             args=args, model=model, train_dataset=train_ds, eval_dataset=eval_ds, env=env, peft_config=peft_config
         )
         trainer.task_record = task_record(task, task_args.task, opts, task_args.dataset_source)
-    trainer.train(resume_from_checkpoint=resume)
-    trainer.save_model(args.output_dir)
+    with _disk_errors(args.output_dir):
+        trainer.train(resume_from_checkpoint=resume)
+        trainer.save_model(args.output_dir)
     model_name = os.path.basename(os.path.normpath(args.output_dir))
     # the card's loader snippet calls get_task() with this: the built-in name, or the import path as given
     trainer.create_model_card(model_name=model_name, task=task_args.task)
@@ -486,6 +492,23 @@ def train(kind: str, argv: list[str]) -> str | None:
     if push:
         _push(trainer, args, task_args.task)
     return args.output_dir
+
+
+@contextlib.contextmanager
+def _disk_errors(output_dir: str):
+    """A full disk while training or saving is the machine's state, not a bug: one line saying where and what."""
+    import errno
+
+    from .trainers.checkpoints import CheckpointWriteError
+
+    try:
+        yield
+    except CheckpointWriteError as e:
+        raise UsageError(str(e)) from e
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        raise UsageError(f"{e.filename or output_dir}: {e.strerror}; free space there and run again") from e
 
 
 def task_record(task, ref: str, opts: dict, source: str | None) -> dict:

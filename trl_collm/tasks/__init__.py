@@ -166,6 +166,7 @@ def load_task_from_path(ref: str) -> TaskSpec:
         raise ValueError(f"--task {ref!r}: module {where!r} has no attribute {attr!r}")
     obj = getattr(module, attr)
     if callable(obj) and not isinstance(obj, TaskSpec):
+        _check_no_arguments(ref, attr, obj)
         obj = obj()
     if not isinstance(obj, TaskSpec):
         raise TypeError(
@@ -173,6 +174,26 @@ def load_task_from_path(ref: str) -> TaskSpec:
             "function with no arguments that returns one)"
         )
     return obj
+
+
+def _check_no_arguments(ref: str, attr: str, fn) -> None:
+    """A task factory is called with no arguments: one that needs some is not a factory (say so, not a TypeError)."""
+    import inspect
+
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature: calling it says what is wrong
+        return
+    needed = [
+        p.name
+        for p in params
+        if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    ]
+    if needed:
+        raise ValueError(
+            f"--task {ref!r}: {attr!r} takes arguments ({', '.join(needed)}), so it is not a task; NAME must be a "
+            "trl_collm.tasks.TaskSpec or a function with no arguments that returns one"
+        )
 
 
 def get_task(name: str) -> TaskSpec:
