@@ -188,17 +188,33 @@ def _check_push(args) -> bool:
     return True
 
 
+# report_to integration -> the packages that provide it (any one will do) and what to install
+_REPORTERS = {
+    "tensorboard": (("tensorboard", "tensorboardX"), "pip install 'trl-collm[tensorboard]'"),
+    "wandb": (("wandb",), "pip install wandb"),
+    "trackio": (("trackio",), "pip install trackio"),
+    "mlflow": (("mlflow",), "pip install mlflow"),
+    "comet_ml": (("comet_ml",), "pip install comet_ml"),
+    "neptune": (("neptune",), "pip install neptune"),
+    "clearml": (("clearml",), "pip install clearml"),
+    "dvclive": (("dvclive",), "pip install dvclive"),
+    "swanlab": (("swanlab",), "pip install swanlab"),
+    "codecarbon": (("codecarbon",), "pip install codecarbon"),
+    "azure_ml": (("azureml",), "pip install azureml-core"),
+    "dagshub": (("dagshub",), "pip install dagshub"),
+    "flyte": (("flytekit",), "pip install flytekit"),
+    "kubeflow": (("kubeflow",), "pip install kubeflow"),
+}
+
+
 def _check_report_to(args) -> None:
     """transformers would fail in the trainer's __init__, after loading the models; say it before, in one line."""
     import importlib.util
 
-    if "tensorboard" in (args.report_to or []) and not any(
-        importlib.util.find_spec(m) for m in ("tensorboard", "tensorboardX")
-    ):
-        raise UsageError(
-            "--report_to tensorboard needs the tensorboard package: pip install 'trl-collm[tensorboard]' "
-            "(or pass --report_to none)"
-        )
+    for name in args.report_to or []:
+        modules, install = _REPORTERS.get(name, ((), ""))
+        if modules and not any(importlib.util.find_spec(m) for m in modules):
+            raise UsageError(f"--report_to {name} needs the {modules[0]} package: {install} (or pass --report_to none)")
 
 
 # ModelConfig's bitsandbytes fields: the team trainers load models without quantization
