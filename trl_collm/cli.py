@@ -623,6 +623,25 @@ def _check_team_folder(team_dir: str, desc: dict) -> None:
                 f"--team_dir {team_dir}: agent {a!r}'s folder {folder} has no config.json or "
                 "adapter_config.json; pass the complete output_dir of a save_model() / training run"
             )
+        _check_weights(team_dir, folder)
+
+
+def _check_weights(team_dir: str, folder: str) -> None:
+    """A truncated or corrupt weights file (an interrupted copy), named in one line before any model loads: reading
+    a safetensors header is cheap, and safetensors' own error names no file."""
+    from safetensors import SafetensorError, safe_open
+
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".safetensors"):
+            path = os.path.join(folder, name)
+            try:
+                with safe_open(path, "pt"):
+                    pass
+            except SafetensorError as e:
+                raise UsageError(
+                    f"--team_dir {team_dir}: {path} cannot be read ({e}); it is truncated or corrupt: copy the team "
+                    "folder again or re-save it"
+                ) from e
 
 
 def check_team_fits_task(task, env, row: dict, desc: dict, team_dir: str, explicit_options: bool) -> None:
@@ -651,7 +670,7 @@ def check_team_fits_task(task, env, row: dict, desc: dict, team_dir: str, explic
         )
 
 
-def _task_for_eval(ns, desc: dict):
+def _task_for_eval(ns, desc: dict, asked):
     """The task, options and dataset source to score a saved team on: the flags, else what team.json records. A
     team that records its task is refused on another task or other options (another reward)."""
     recorded = desc.get("task") if isinstance(desc.get("task"), dict) else None
@@ -660,7 +679,7 @@ def _task_for_eval(ns, desc: dict):
             f"--task: {os.path.join(ns.team_dir, 'team.json')} records no task (saved by an older trl-collm or by "
             "Python code); pass --task with the task the team was trained on"
         )
-    task = _get_task(ns.task if ns.task is not None else recorded["ref"])
+    task = asked if asked is not None else _get_task(recorded["ref"])
     opts = _options(ns.task_options)
     if recorded is None:
         return task, opts, ns.dataset_source
@@ -682,6 +701,7 @@ def _task_for_eval(ns, desc: dict):
 def evaluate_team(argv: list[str], play_mode: bool = False):
     prog = f"trl-collm {'play' if play_mode else 'eval'}"
     opts_ns = _eval_parser(prog, play_mode).parse_args(argv)
+    asked = _get_task(opts_ns.task) if opts_ns.task is not None else None  # a wrong name is said first
     if not os.path.isfile(os.path.join(opts_ns.team_dir, "team.json")):
         raise UsageError(
             f"--team_dir {opts_ns.team_dir} has no team.json; pass the output_dir of a `trl-collm ppo` / "
@@ -692,7 +712,7 @@ def evaluate_team(argv: list[str], play_mode: bool = False):
 
         desc = read_team_file(opts_ns.team_dir)
     _check_team_folder(opts_ns.team_dir, desc)
-    task, opts, source = _task_for_eval(opts_ns, desc)
+    task, opts, source = _task_for_eval(opts_ns, desc, asked)
     _check_options(task, opts)
     _check_dataset_args(task, source, {"--limit": opts_ns.limit})
     if play_mode and opts_ns.render is not None:
@@ -714,7 +734,7 @@ def evaluate_team(argv: list[str], play_mode: bool = False):
     gen = desc.get("generation", {})
     max_new_tokens = opts_ns.max_new_tokens or gen.get("response_length") or 64
     temperature = opts_ns.temperature if opts_ns.temperature is not None else gen.get("temperature", 0.7)
-    with user_errors(), _unreadable_weights(opts_ns.team_dir):
+    with user_errors():
         team = load_team(opts_ns.team_dir, base_model=opts_ns.base_model, device=opts_ns.device)
         team.generation_backend = make_backend(opts_ns)  # generate() or continuous batching (trl_collm/generation.py)
     for a, limit in (gen.get("max_prompt_length") or {}).items():
@@ -751,32 +771,6 @@ def evaluate_team(argv: list[str], play_mode: bool = False):
         summary["percent_of_max"] = 100.0 * mean / task.max_reward
     print(json.dumps(summary))
     return summary, transcripts
-
-
-@contextlib.contextmanager
-def _unreadable_weights(team_dir: str):
-    """A truncated or corrupt weights file (an interrupted copy): one line naming the file, not safetensors' error."""
-    from safetensors import SafetensorError
-
-    try:
-        yield
-    except SafetensorError as e:
-        from safetensors import safe_open
-
-        bad = "a weights file"
-        for root, _, files in os.walk(team_dir):
-            for f in sorted(files):
-                if f.endswith(".safetensors"):
-                    try:
-                        with safe_open(os.path.join(root, f), "pt") as st:
-                            for key in st.keys():
-                                st.get_slice(key)
-                    except SafetensorError:
-                        bad = os.path.join(root, f)
-        raise UsageError(
-            f"--team_dir {team_dir}: {bad} cannot be read ({e}); it is truncated or corrupt: copy the team folder "
-            "again or re-save it"
-        ) from e
 
 
 def _check_renderable(task, opts: dict) -> None:
