@@ -139,6 +139,36 @@ def test_training_mistakes_are_one_line_before_models_load(tmp_path, capsys, no_
         assert text in err, err
 
 
+ANY_SIZE_TASK = """
+from datasets import Dataset
+from trl_collm import RewardFunctionEnv
+from trl_collm.tasks import TaskSpec
+
+
+def joint(prompts, completions, **columns):
+    return [0.0 for _ in completions]
+
+
+TASK = TaskSpec(
+    name="any-size",
+    description="every agent reads the row's prompt",
+    agent_names=["a", "b", "c"],
+    num_turns=1,
+    make_env=lambda **options: RewardFunctionEnv([joint]),
+    load_dataset=lambda split="train", source=None, limit=None: Dataset.from_dict({"prompt": ["hi"] * (limit or 16)}),
+)
+"""
+
+
+def test_the_team_check_starts_an_env_that_seats_any_team(tmp_path, no_model_loads):
+    """A RewardFunctionEnv without names or formatters cannot reset() alone; the check starts it with the team's
+    size, and the run goes on to load the models."""
+    (tmp_path / "any_size.py").write_text(ANY_SIZE_TASK)
+    argv = ["ppo", "--config", CC_CPU, "--task", f"{tmp_path / 'any_size.py'}:TASK", "--output_dir", str(tmp_path)]
+    with pytest.raises(AssertionError, match="a model was loaded"):
+        main(argv)
+
+
 def test_malformed_yaml_is_one_line(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text("task: coord-penalty\n  learning_rate: [1\n")

@@ -334,12 +334,16 @@ def _check_dataset_args(task, source, limits: dict) -> None:
         raise UsageError(f"--dataset_source: task {task.name!r} has no dataset source to choose; drop it")
 
 
-def _count_agents(task, env, row: dict) -> int:
+def _count_agents(task, env, row: dict, names: list[str]) -> int:
     """How many agents the task's environment actually seats (one observation each), from one episode's start."""
     from .envs.protocol import _validate_observations
 
     with user_errors(f"task {task.name!r} could not start an episode to check the team: "):
-        observations = env.clone().reset(row)
+        probe = env.clone()
+        try:
+            observations = probe.reset(row)
+        except ValueError:  # an env that seats any team size (RewardFunctionEnv without names): start it with ours
+            observations = probe.reset_batch([row], len(names), names)[0]
         where = f"{type(env).__name__}.reset"  # the prompts as the rollout will check them (e.g. none empty)
         n = len(observations) if isinstance(observations, (list, tuple)) else 0  # anything else: refused below
         return len(_validate_observations(observations, where, 0, n, None))
@@ -352,7 +356,7 @@ def _check_team_shape(task, env, row: dict, names: list[str], opts: dict) -> Non
         raise UsageError(
             f"--agent_names {' '.join(names)}: task {task.name!r} is played by {list(declared)}; drop --agent_names"
         )
-    seats = _count_agents(task, env, row)
+    seats = _count_agents(task, env, row, names)
     if seats != len(names):
         via = "--task_options num_agents" if "num_agents" in opts else "--agent_names"
         raise UsageError(
@@ -654,7 +658,7 @@ def check_team_fits_task(task, env, row: dict, desc: dict, team_dir: str, explic
             f"the team in {team_dir} has agents {team_agents} but task {task.name!r} is played by "
             f"{list(declared)}; score a team trained on this task"
         )
-    seats = _count_agents(task, env, row)
+    seats = _count_agents(task, env, row, team_agents)
     if seats != len(team_agents):
         raise UsageError(
             f"task {task.name!r} has {seats} agents but the team in {team_dir} has "
