@@ -11,6 +11,7 @@ import os
 
 from torch import nn
 
+from .models import resolve_model_name
 from .team import AgentTeam, freeze_copy
 
 
@@ -72,6 +73,7 @@ def load_tokenizer(source, agent: str):
         raise ValueError(
             f"No tokenizer for agent {agent!r}: pass `processing_class` (one, a list, or a dict by agent name)."
         )
+    source = resolve_model_name(source)
     tok = AutoTokenizer.from_pretrained(source) if isinstance(source, (str, os.PathLike)) else source
     check_tokenizer(tok, agent)
     return tok
@@ -91,7 +93,7 @@ def load_causal_lm(source, init_kwargs: dict | None = None):
     from transformers import AutoModelForCausalLM
 
     if isinstance(source, (str, os.PathLike)):
-        return AutoModelForCausalLM.from_pretrained(source, **(init_kwargs or {}))
+        return AutoModelForCausalLM.from_pretrained(resolve_model_name(source), **(init_kwargs or {}))
     return source
 
 

@@ -145,12 +145,16 @@ def _resolve_model(path: str | None, flag: str = "--model_name_or_path") -> str:
         from .testing import tiny_model_dir
 
         return tiny_model_dir("tiny-qwen2")
-    if looks_local(path) and not os.path.isdir(os.path.expanduser(path)):
+    from .models import PACKAGED_MODELS, resolve_model_name
+
+    resolved = resolve_model_name(path)  # a packaged model's name (e.g. smollm2-135m-instruct) becomes its folder
+    if resolved == path and looks_local(path) and not os.path.isdir(os.path.expanduser(path)):
         raise UsageError(
             f"{flag} {path}: no such folder; give a local model folder (save_pretrained output), a Hub id such as "
-            "Qwen/Qwen2.5-0.5B, or `tiny` for the offline tiny model"
+            f"Qwen/Qwen2.5-0.5B, a packaged model ({', '.join(sorted(PACKAGED_MODELS))}) or `tiny` for the offline "
+            "tiny model"
         )
-    return os.path.expanduser(path)
+    return os.path.expanduser(resolved) if isinstance(resolved, str) else resolved
 
 
 def _parser_error(prog: str):
@@ -505,7 +509,9 @@ def train(kind: str, argv: list[str]) -> str | None:
     if task_args.plot and trainer.is_world_process_zero():
         from .plotting import curve_title
 
-        critic = trainer.critic.name if trainer.critic is not None else None  # the layout's registry key
+        critic = (
+            trainer.critic.describe_layout()[0] if trainer.critic is not None else None
+        )  # as the layout names itself
         write_curve(trainer.metrics_history, args.output_dir, curve_title(task.name, kind, critic))
     if trainer.is_world_process_zero():
         print(f"saved the team and its card (README.md) to {args.output_dir}")
