@@ -108,7 +108,8 @@ def test_warmstart_takes_threads(capsys):
 
     with pytest.raises(SystemExit) as info:
         warm_main(["--out", "unused", "--threads", "0"])
-    assert info.value.code == 2 and "--threads 0" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and "--threads 0: give a thread count >= 1" in err, err
 
 
 # ---------------------------------------------------------------------------------------------------------------
