@@ -175,6 +175,21 @@ def test_malformed_yaml_is_one_line(tmp_path, capsys):
     bad.write_text("task: coord-penalty\n  learning_rate: [1\n")
     err = _one_line_error(capsys, ["ppo", "--config", str(bad)])
     assert "--config" in err and "YAML" in err and "bad.yaml" in err and "line 2" in err
+    bad.write_text("- a list\n- not fields\n")
+    assert "a YAML mapping" in _one_line_error(capsys, ["ppo", "--config", str(bad)])
+
+
+def test_config_file_errors_cost_no_torch_import(tmp_path):
+    """A missing or malformed --config is said before the parser (transformers, torch) is built."""
+    (tmp_path / "bad.yaml").write_text("task: [1\n")
+    code = (
+        "import sys; from trl_collm.cli import main; "
+        f"codes = [main(['ppo', '--config', {str(tmp_path / 'bad.yaml')!r}]), main(['mc', '--config', 'no.yaml'])]; "
+        "print(codes, 'torch' in sys.modules)"
+    )
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    assert res.stdout.strip() == "[2, 2] False", res.stdout + res.stderr[-2000:]
 
 
 @pytest.mark.parametrize("integration", ["wandb", "tensorboard"])

@@ -290,16 +290,31 @@ def _train_parser(kind: str, config_cls):
     return parser
 
 
-def _parse_training(parser, argv: list[str]):
+def _check_config_file(argv: list[str]) -> None:
+    """Read --config before the parser is built (building it imports transformers and torch, seconds of CPU): a
+    missing or malformed file costs only a YAML parse."""
+    path = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--config"), None)
+    path = path or next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
+    if path is None:
+        return
     import yaml
 
+    try:
+        with open(path) as f:
+            data = yaml.safe_load(f)
+    except OSError as e:
+        raise UsageError(f"--config {path}: {e.strerror or e}; give the path of a YAML config file") from e
+    except yaml.YAMLError as e:  # the message holds the line and column
+        raise UsageError(f"--config {path}: not valid YAML: {e}; fix that line") from e
+    if data is not None and not isinstance(data, dict):
+        raise UsageError(
+            f"--config {path}: the file must hold `field: value` lines (a YAML mapping), not a {type(data).__name__}"
+        )
+
+
+def _parse_training(parser, argv: list[str]):
     with user_errors():
-        try:
-            return parser.parse_args_and_config(argv)
-        except yaml.YAMLError as e:  # the message holds the file, line and column
-            raise UsageError(f"--config: the file is not valid YAML: {e}; fix that line") from e
-        except AttributeError as e:  # a YAML file whose top level is not a mapping of field: value
-            raise UsageError(f"--config: the file must hold `field: value` lines (a YAML mapping) ({e})") from e
+        return parser.parse_args_and_config(argv)
 
 
 def _check_model_args(model_args) -> None:
@@ -419,6 +434,7 @@ def train(kind: str, argv: list[str]) -> str | None:
     if "-h" in argv or "--help" in argv:
         _print_help(kind, lambda: _config_cls(kind))
         return None
+    _check_config_file(argv)
     config_cls = _config_cls(kind)
     task_args, args, model_args = _parse_training(_train_parser(kind, config_cls), argv)
     import torch
