@@ -348,6 +348,42 @@ def test_card_names_are_portable():
     assert portable_name("coord-penalty") == "coord-penalty" and portable_name("my_tasks:TASK") == "my_tasks:TASK"
 
 
+def test_the_card_snippet_plays_with_the_training_task_options(tmp_path, monkeypatch, qwen_path):
+    """A team trained with task options (a 3-agent coord-numbers): the card's snippet passes them, and runs from
+    inside the team folder."""
+    import re
+
+    from trl_collm.cards import team_card
+
+    agents = ["agent_1", "agent_2", "agent_3"]
+    team = _fake_team(tmp_path / "trio", qwen_path, agents)
+    facts = {
+        "agents": agents,
+        "agent_folders": {a: a for a in agents},
+        "layout": "separate",
+        "trainer": "MultiAgentPPOTrainer",
+        "preset": None,
+        "num_turns": 1,
+        "generation": {"response_length": 2},
+        "model_name": "trio",
+        "repo": None,
+        "tags": ["trl"],
+        "task_name": "coord-numbers",
+        "task_options": {"num_agents": 3},
+        "task": {"env": "RewardFunctionEnv"},
+        "algorithm": {},
+        "algorithm_summary": "test",
+        "base_models": dict.fromkeys(agents, qwen_path),
+    }
+    card = team_card(facts)
+    code = re.search(r"## Run the team\n\n```python\n(.*?)```", card, re.DOTALL).group(1)
+    assert "options = {'num_agents': 3}" in code and qwen_path not in card
+    monkeypatch.chdir(team)
+    scope = {}
+    exec(compile(code, "README.md", "exec"), scope)  # noqa: S102 - the card's own snippet
+    assert set(scope["transcripts"][0]["turns"][0]["agents"]) == set(agents)
+
+
 def _card_trainer(log_history, best_step=None, global_step=6):
     state = SimpleNamespace(
         log_history=log_history,

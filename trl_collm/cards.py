@@ -73,6 +73,7 @@ def card_facts(
         dataset_name=dataset_name,
         tags=list(dict.fromkeys(["trl", "trl-collm", "multi-agent", *tags])),
         task_name=portable_name(task),
+        task_options=(getattr(trainer, "task_record", None) or {}).get("options") or {},
         task=trainer._task_facts(),
         algorithm=trainer._algorithm_facts(),
         algorithm_summary=summary,
@@ -120,6 +121,10 @@ def _metric_rows(metrics: dict) -> list[str]:
         if isinstance(v, (int, float)):
             rows.append(f"| `{k}` | {v:.4g} |")
     return rows
+
+
+def _options_line(options: dict | None) -> list[str]:
+    return [f"options = {options!r}  # the task options the team was trained with (team.json)"] if options else []
 
 
 _LOAD_COMMENT = "this card's folder (run from inside it), or its path or Hub repo id"
@@ -217,14 +222,16 @@ def team_card(facts: dict) -> str:
     repo = facts["repo"] or "."
     lines += ["", "## Run the team", "", "```python", "from trl_collm.inference import load_team, play"]
     if task_name:
+        opts = ", **options" if facts.get("task_options") else ""
         lines += [
             "from trl_collm.tasks import get_task",
             "",
             f"team = load_team({repo!r})  # {_LOAD_COMMENT}",
             f"task = get_task({task_name!r})",
-            'rows = list(task.load_dataset("eval", limit=4))',
+            *_options_line(facts.get("task_options")),
+            f'rows = list(task.dataset("eval", limit=4{opts}))',
             (
-                f"transcripts = play(team, task.make_env(), rows, num_turns={facts['num_turns']}, "
+                f"transcripts = play(team, task.env({opts.lstrip(', ')}), rows, num_turns={facts['num_turns']}, "
                 f"max_new_tokens={gen.get('response_length', 64)})"
             ),
             "```",

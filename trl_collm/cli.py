@@ -124,10 +124,9 @@ def set_cpu_threads(threads: int | None, on_cpu: bool) -> int | None:
 
 
 def _call_with_supported(fn, **kwargs):
-    params = inspect.signature(fn).parameters
-    if any(p.kind == p.VAR_KEYWORD for p in params.values()):
-        return fn(**kwargs)
-    return fn(**{k: v for k, v in kwargs.items() if k in params})
+    from .tasks import call_with_supported
+
+    return call_with_supported(fn, **kwargs)
 
 
 def _task_turns(task, opts: dict) -> int:

@@ -32,6 +32,25 @@ class TaskSpec:
     max_reward: float | None = None  # best possible episode return, for "% of max" reports
     options: dict = field(default_factory=dict)  # documented keyword options of make_env
 
+    def env(self, **options):
+        """make_env with the options it takes (all of them when it takes **kwargs), as the CLI does with
+        --task_options: one dict of options serves make_env and load_dataset alike."""
+        return call_with_supported(self.make_env, **options)
+
+    def dataset(self, split: str = "train", **kwargs):
+        """load_dataset with the keywords it takes (limit, source, task options), as the CLI calls it."""
+        return call_with_supported(self.load_dataset, split=split, **kwargs)
+
+
+def call_with_supported(fn, **kwargs):
+    """fn(**kwargs) without the keywords fn does not take (all of them pass when it takes **kwargs)."""
+    import inspect
+
+    params = inspect.signature(fn).parameters
+    if any(p.kind == p.VAR_KEYWORD for p in params.values()):
+        return fn(**kwargs)
+    return fn(**{k: v for k, v in kwargs.items() if k in params})
+
 
 _REGISTRY: dict[str, TaskSpec] = {}
 
