@@ -220,19 +220,20 @@ def team_card(facts: dict) -> str:
         )
     lines += _results(facts)
     repo = facts["repo"] or "."
-    lines += ["", "## Run the team", "", "```python", "from trl_collm.inference import load_team, play"]
+    lines += ["", "## Run the team", "", "```python", "from trl_collm.inference import load_team, play, saved_settings"]
     if task_name:
         opts = ", **options" if facts.get("task_options") else ""
         lines += [
             "from trl_collm.tasks import get_task",
             "",
             f"team = load_team({repo!r})  # {_LOAD_COMMENT}",
+            f"settings = saved_settings({repo!r})  # as trained, decoding greedily (greedy=False samples)",
             f"task = get_task({task_name!r})",
             *_options_line(facts.get("task_options")),
             f'rows = list(task.dataset("eval", limit=4{opts}))',
             (
                 f"transcripts = play(team, task.env({opts.lstrip(', ')}), rows, num_turns={facts['num_turns']}, "
-                f"max_new_tokens={gen.get('response_length', 64)})"
+                "settings=settings)"
             ),
             "```",
             "",
@@ -243,11 +244,9 @@ def team_card(facts: dict) -> str:
         lines += [
             "",
             f"team = load_team({repo!r})  # {_LOAD_COMMENT}",
+            f"settings = saved_settings({repo!r})  # as trained, decoding greedily (greedy=False samples)",
             "# env: the trl_collm.MultiAgentEnv the team was trained with; rows: its dataset rows",
-            (
-                f"transcripts = play(team, env, rows, num_turns={facts['num_turns']}, "
-                f"max_new_tokens={gen.get('response_length', 64)})"
-            ),
+            f"transcripts = play(team, env, rows, num_turns={facts['num_turns']}, settings=settings)",
             "```",
         ]
     lines += ["", "`team.json` describes the whole team (agents, folders, layout, critic, generation settings)."]
