@@ -1,0 +1,59 @@
+"""Nothing silently wrong, nothing lost (issue 22, parts 1 and 2): explicit fields beat a preset, a resume onto
+another base is refused, one run at a time per output_dir, nothing is deleted before the checks that can fail,
+saved teams are written atomically, agent names are checked at every entry point, and an unwritable output_dir
+fails before training."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from trl import TrlParser
+
+from trl_collm import MultiAgentMCConfig, MultiAgentPPOConfig
+
+BASE = dict(output_dir="unused", use_cpu=True, bf16=False, report_to=[])
+
+# Each field set explicitly to the library's default: the preset would otherwise replace it.
+COLLM_AT_DEFAULTS = dict(centralized_value="per_agent_heads", policy_loss_type="ppo", gamma=1.0, kl_coef=0.05)
+MAGRPO_AT_DEFAULTS = dict(gamma=1.0, temperature=0.7, beta=0.0, top_p=1.0)
+
+
+def _defaults(cls, names):
+    return {f.name: f.default for f in cls.__dataclass_fields__.values() if f.name in names}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# a preset never overrides what the user set
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "cls,preset,explicit",
+    [(MultiAgentPPOConfig, "collm", COLLM_AT_DEFAULTS), (MultiAgentMCConfig, "magrpo", MAGRPO_AT_DEFAULTS)],
+)
+def test_a_field_set_to_its_default_beats_the_preset(cls, preset, explicit):
+    assert _defaults(cls, explicit) == explicit  # the point: each value is the library default
+    preset_values = cls.presets[preset]
+    assert any(preset_values[k] != v for k, v in explicit.items() if k in preset_values)
+    args = cls(**BASE, preset=preset, **explicit)
+    assert {k: getattr(args, k) for k in explicit} == explicit
+    # the fields left unset still get the preset's values
+    bare = cls(**BASE, preset=preset)
+    for key, value in preset_values.items():
+        if key not in explicit and key != "centralized_value":
+            assert getattr(args, key) == value == getattr(bare, key), key
+
+
+def test_preset_on_the_command_line_keeps_flags_and_yaml_keys_at_default_values(tmp_path):
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump(dict(preset="collm", kl_coef=0.05, gamma=1.0, use_cpu=True, report_to="none")))
+    argv = ["--output_dir", str(tmp_path), "--config", str(config), "--policy_loss_type", "ppo"]
+    (args,) = TrlParser(MultiAgentPPOConfig).parse_args_and_config(argv)
+    assert (args.kl_coef, args.gamma, args.policy_loss_type) == (0.05, 1.0, "ppo")
+    assert args.temperature == 0.6 and args.lam == 0.0  # not given: the preset's
+    # a plain HfArgumentParser command line (no YAML)
+    from transformers import HfArgumentParser
+
+    argv = ["--output_dir", str(tmp_path), "--preset", "collm", "--gamma", "1.0", "--use_cpu", "true"]
+    (args,) = HfArgumentParser(MultiAgentPPOConfig).parse_args_into_dataclasses(argv + ["--report_to", "none"])
+    assert args.gamma == 1.0 and args.kl_coef == 0.0 and args.temperature == 0.6
