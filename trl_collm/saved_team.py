@@ -15,6 +15,7 @@ import os
 
 import torch
 
+from .names import check_agent_names
 from .team import AgentTeam
 
 TEAM_FILE = "team.json"
@@ -96,14 +97,19 @@ def _check_description(desc, path: str) -> None:
         if key not in desc:
             raise ValueError(f"{path!r} lacks the key {key!r}; {fix}.")
     names = desc["agents"]
-    if not isinstance(names, list) or not names or not all(isinstance(a, str) and a for a in names):
+    if not isinstance(names, list) or not names:
         raise ValueError(f"{path!r}: 'agents' must be a non-empty list of agent names, got {names!r}; {fix}.")
+    check_agent_names(names, f"{path!r} ('agents')")
     if desc["layout"] not in ("separate", "shared_base"):
         raise ValueError(f"{path!r}: 'layout' must be 'separate' or 'shared_base', got {desc['layout']!r}; {fix}.")
     folders = desc["agent_folders"]
     missing = [a for a in names if not isinstance(folders, dict) or not isinstance(folders.get(a), str)]
     if missing:
         raise ValueError(f"{path!r}: 'agent_folders' has no folder for agents {missing}; {fix}.")
+    # an agent's folder is its name (or the team folder itself for one agent): nothing may point elsewhere
+    elsewhere = {a: folders[a] for a in names if folders[a] != agent_folder(a, len(names))}
+    if elsewhere:
+        raise ValueError(f"{path!r}: 'agent_folders' {elsewhere} are not the agents' own folders; {fix}.")
 
 
 def load_team(

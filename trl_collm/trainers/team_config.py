@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, fields
 
 from trl.trainer.base_config import _BaseConfig
 
+from ..names import check_agent_names
 from ..ranges import check_numeric_fields
 from .supported_args import check_training_arguments
 
@@ -439,13 +440,7 @@ class TeamConfig(_BaseConfig):
         if self.num_agents is not None and self.num_agents < 1:
             raise ValueError(f"`num_agents` must be >= 1, got {self.num_agents}.")
         if self.agent_names is not None:
-            if len(set(self.agent_names)) != len(self.agent_names):
-                raise ValueError(f"`agent_names` must be unique, got {self.agent_names}.")
-            bad = [n for n in self.agent_names if not n or "/" in n or n.startswith(".") or n in ("critic", "critics")]
-            if bad:
-                raise ValueError(
-                    f"`agent_names` {bad} cannot be used as folder names; use names without '/' that are not 'critic'."
-                )
+            check_agent_names(self.agent_names)
             if self.num_agents is not None and self.num_agents != len(self.agent_names):
                 raise ValueError(
                     f"`num_agents`={self.num_agents} but `agent_names` has {len(self.agent_names)} names; drop one "
