@@ -26,6 +26,7 @@ from ..generation import make_backend
 from ..numerics import NonFiniteSteps, gradients_finite
 from ..rollout import Rollout, run_episodes
 from . import checkpoints, distributed
+from .output_dir import LOCK_FILE, OutputDirLock, check_writable
 
 logger = logging.getLogger(__name__)
 
@@ -97,6 +98,8 @@ class TeamTrainerBase(_BaseTrainer):
             raise ValueError("`model` is required: a model, a path, a list, or a dict name -> model.")
         if train_dataset is None or len(train_dataset) == 0:
             raise ValueError("`train_dataset` is empty; pass a dataset with at least one row per rollout batch.")
+        if args.should_save:  # a folder no save can write to fails here, not at the first save hours later
+            check_writable(args.output_dir)
         # Seed before building anything: fresh heads (value heads, a new `score` layer) must initialise the same way
         # in every run, or a resumed or repeated run cannot match (transformers.Trainer seeds only later).
         set_seed(args.seed)
@@ -407,8 +410,38 @@ class TeamTrainerBase(_BaseTrainer):
         if resume_from_checkpoint is None:  # TrainingArguments carries it (the CLI's --resume_from_checkpoint)
             resume_from_checkpoint = args.resume_from_checkpoint
         checkpoint = checkpoints.resolve(resume_from_checkpoint, args.output_dir)
-        if checkpoint is None:
-            checkpoints.refuse_to_clobber(args.output_dir, args.overwrite_output_dir, self.is_world_process_zero())
+        lock = self._claim_output_dir()
+        try:
+            return self._train(checkpoint)
+        finally:
+            lock.release()
+
+    def _claim_output_dir(self) -> OutputDirLock:
+        """Before anything is trained: output_dir must be writable (every process checks; a failure at the first
+        save would come after hours), and this run alone may use it (the main process takes the lock). Every
+        process raises together, so none waits in a collective for the others."""
+        folder = self.args.output_dir
+        lock = OutputDirLock(folder)
+        problem = None
+        try:
+            check_writable(folder)
+            if self.is_world_process_zero():
+                lock.acquire()
+        except (OSError, RuntimeError) as e:
+            problem = e
+        if distributed.on_any_rank(self, problem is not None):
+            lock.release()
+            if problem is not None:
+                raise problem
+            raise RuntimeError(f"another process of this run could not use output_dir {folder!r}; see its error.")
+        return lock
+
+    def _train(self, checkpoint: str | None):
+        """`train` once the output_dir is this run's: checks first, then (overwrite_output_dir) the old checkpoints'
+        deletion, then the loop."""
+        args = self.args
+        if checkpoint is None:  # only checked here: nothing is deleted before every check below has passed
+            checkpoints.refuse_to_clobber(args.output_dir, args.overwrite_output_dir, delete=False)
         if args.load_best_model_at_end and self.is_deepspeed_enabled:
             raise ValueError(
                 "`load_best_model_at_end` is not supported under DeepSpeed (ZeRO partitions the "
@@ -423,6 +456,9 @@ class TeamTrainerBase(_BaseTrainer):
         self.create_optimizer_and_scheduler(num_training_steps=args.num_total_batches * steps_per_iteration)
         if self.is_deepspeed_enabled and self.model_wrapped is self.model:
             distributed.prepare_model_and_optimizer(self)  # TeamModel + optimizer -> one DeepSpeed engine
+        if checkpoint is None and self.is_world_process_zero():  # every check passed: now the old run may go
+            checkpoints.refuse_to_clobber(args.output_dir, args.overwrite_output_dir, delete=True)
+        self.accelerator.wait_for_everyone()
         self.state = TrainerState(
             is_local_process_zero=self.is_local_process_zero(),
             is_world_process_zero=self.is_world_process_zero(),
@@ -707,7 +743,7 @@ class TeamTrainerBase(_BaseTrainer):
         if not self.is_world_process_zero():
             return None
         self.create_model_card(model_name=model_name, **kwargs)
-        ignore = ["_*", "checkpoint-*", "checkpoint-*/**", "runs/**"] + (
+        ignore = ["_*", "checkpoint-*", "checkpoint-*/**", "runs/**", LOCK_FILE] + (
             [] if include_critic else ["critic/*", "critic/**"]
         )
         return hf_trainer.hf_api().upload_folder(
