@@ -5,15 +5,18 @@ fails before training."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 
 import pytest
+import torch
 import yaml
 from trl import TrlParser
 
@@ -226,3 +229,80 @@ def test_overwrite_output_dir_deletes_nothing_when_a_check_fails(tmp_path, make_
     with pytest.raises(ValueError, match="`train_dataset` has .* rows but one rollout batch"):
         _trainer(too_big, qwen_path, prompts_dataset).train()
     assert checkpoints.complete_checkpoints(str(out)) == before  # the old run is still resumable
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# a saved team is whole or refused
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _weights(team) -> dict:
+    return {a: torch.cat([p.detach().flatten() for p in team.model_of(a).parameters()]).clone() for a in team.names}
+
+
+@pytest.fixture
+def two_saves(tmp_path, make_config, prompts_dataset, qwen_path):
+    """A trainer whose team is saved in `folder` (weights `old`), then changed in place (weights `new`)."""
+    tr = _trainer(make_config(tmp_path, num_agents=2), qwen_path, prompts_dataset)
+    folder = tmp_path / "team"
+    tr.save_model(str(folder))
+    old = _weights(tr.team)
+    with torch.no_grad():
+        for p in tr.team.parameters():
+            p.add_(0.25)
+    return tr, folder, old, _weights(tr.team)
+
+
+def test_full_disk_while_saving_over_a_team_keeps_the_older_team_whole(two_saves, monkeypatch):
+    from trl_collm.saved_team import load_team
+    from trl_collm.team import AgentTeam
+
+    tr, folder, old, new = two_saves
+    save_agent = AgentTeam.save_agent
+
+    def second_agent_hits_a_full_disk(self, name, path, **kw):
+        if name == self.names[1]:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        save_agent(self, name, path, **kw)
+
+    monkeypatch.setattr(AgentTeam, "save_agent", second_agent_hits_a_full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        tr.save_model(str(folder))
+    loaded = _weights(load_team(str(folder)))
+    for a in tr.team.names:  # the older team, not one new agent beside one old one
+        assert torch.equal(loaded[a], old[a]) and not torch.equal(loaded[a], new[a]), a
+
+
+def test_save_killed_while_moving_into_place_is_refused_as_incomplete(two_saves, monkeypatch):
+    import trl_collm.saved_team as saved_team
+
+    tr, folder, _, _ = two_saves
+    replace = os.replace
+    moved = []
+
+    def killed_after_one_move(src, dst):
+        if moved:
+            raise KeyboardInterrupt  # the process dies between two renames
+        if saved_team.TMP_FOLDER in src:
+            moved.append(dst)
+        replace(src, dst)
+
+    monkeypatch.setattr(saved_team.os, "replace", killed_after_one_move)
+    with pytest.raises(KeyboardInterrupt):
+        tr.save_model(str(folder))
+    monkeypatch.setattr(saved_team.os, "replace", replace)
+    with pytest.raises(ValueError, match=re.escape(repr(str(folder))) + " holds an incomplete team"):
+        saved_team.load_team(str(folder))
+
+
+def test_load_team_refuses_a_folder_mixing_two_saves(two_saves, tmp_path):
+    from trl_collm.saved_team import load_team
+
+    tr, folder, _, _ = two_saves
+    tr.save_model(str(tmp_path / "newer"))
+    victim = tr.team.names[1]
+    shutil.rmtree(folder / victim)
+    shutil.copytree(tmp_path / "newer" / victim, folder / victim)  # one agent from another save
+    with pytest.raises(ValueError, match=re.escape(repr(str(folder))) + f" mixes two saved teams: agent '{victim}'"):
+        load_team(str(folder))
+    assert set(load_team(str(tmp_path / "newer")).names) == set(tr.team.names)  # a whole team loads

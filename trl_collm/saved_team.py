@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import uuid
 
 import torch
 
@@ -20,6 +22,9 @@ from .team import AgentTeam
 
 TEAM_FILE = "team.json"
 FORMAT = "trl-collm-team/1"
+TMP_FOLDER = ".team.tmp"  # a team being written (write_team)
+OLD_FOLDER = ".team.old"  # the folders it replaces, until the new team is complete
+SAVE_STAMP = ".team_save_id"  # in each agent folder: the `save_id` of the team.json written with it
 
 
 def agent_folder(name: str, num_agents: int) -> str:
@@ -51,13 +56,25 @@ def describe_team(
 
 def write_team(output_dir: str, team: AgentTeam, critic, description: dict, full_state: dict | None) -> None:
     """Every agent's folder, the critic's folders and team.json. `full_state`: the gathered state dict of the
-    TeamModel when parameters are partitioned (ZeRO-3), else None (the live modules are saved)."""
+    TeamModel when parameters are partitioned (ZeRO-3), else None (the live modules are saved).
+
+    Written as checkpoints are: into `output_dir/.team.tmp/` first (a full disk or a kill there leaves the older
+    team whole), then moved into place with team.json last. While the entries move, output_dir has no team.json, so
+    a kill then leaves a folder `load_team` refuses as incomplete instead of a mix of two teams."""
+    os.makedirs(output_dir, exist_ok=True)
+    tmp = os.path.join(output_dir, TMP_FOLDER)
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    _write_team_files(tmp, team, critic, {**description, "save_id": uuid.uuid4().hex}, full_state)
+    _move_into_place(tmp, output_dir)
+
+
+def _write_team_files(output_dir: str, team: AgentTeam, critic, description: dict, full_state: dict | None) -> None:
     from .trainers import distributed
 
     def part(prefix):
         return distributed.sub_state_dict(full_state, prefix)  # None: use the live modules
 
-    os.makedirs(output_dir, exist_ok=True)
     for a in team.names:
         folder = os.path.normpath(os.path.join(output_dir, agent_folder(a, len(team.names))))
         if full_state is not None and team.layout == "shared_base":
@@ -65,14 +82,42 @@ def write_team(output_dir: str, team: AgentTeam, critic, description: dict, full
             team.tokenizers[a].save_pretrained(folder)
         else:
             team.save_agent(a, folder, state_dict=part(f"team.policies.{a}."))
+        with open(os.path.join(folder, SAVE_STAMP), "w") as f:  # which save wrote this folder (see load_team)
+            f.write(description["save_id"])
     if critic is not None:
         critic.save(output_dir, part)
     with open(os.path.join(output_dir, TEAM_FILE), "w") as f:
         json.dump(description, f, indent=2)
 
 
+def _move_into_place(tmp: str, output_dir: str) -> None:
+    """Replace output_dir's team by the complete one in `tmp`; entries of output_dir the team does not hold
+    (checkpoints, logs, the card) stay."""
+    team_file = os.path.join(output_dir, TEAM_FILE)
+    if os.path.exists(team_file):
+        os.remove(team_file)  # from here until the last line the folder is an incomplete team, never a mixed one
+    old = os.path.join(output_dir, OLD_FOLDER)
+    shutil.rmtree(old, ignore_errors=True)
+    os.makedirs(old)
+    for entry in sorted(os.listdir(tmp)):
+        if entry == TEAM_FILE:
+            continue
+        src, dst = os.path.join(tmp, entry), os.path.join(output_dir, entry)
+        if os.path.isdir(dst) or (os.path.lexists(dst) and os.path.isdir(src)):
+            os.replace(dst, os.path.join(old, entry))  # a folder is not replaced by rename: move the old one aside
+        os.replace(src, dst)
+    os.replace(os.path.join(tmp, TEAM_FILE), team_file)  # the team is complete
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.rmtree(old, ignore_errors=True)
+
+
 def read_team_file(folder: str) -> dict:
     path = os.path.join(folder, TEAM_FILE)
+    if not os.path.isfile(path) and os.path.isdir(os.path.join(folder, TMP_FOLDER)):
+        raise ValueError(
+            f"{folder!r} holds an incomplete team: a save into it was interrupted (no {TEAM_FILE}, a "
+            f"{TMP_FOLDER} folder). Save the team again, or load it from a checkpoint-* folder of its run."
+        )
     if not os.path.isfile(path):
         raise FileNotFoundError(
             f"{folder!r} has no {TEAM_FILE}; pass the output_dir of a trl-collm save_model() / train run."
@@ -112,6 +157,24 @@ def _check_description(desc, path: str) -> None:
         raise ValueError(f"{path!r}: 'agent_folders' {elsewhere} are not the agents' own folders; {fix}.")
 
 
+def _check_one_save(folder: str, desc: dict, folders: dict) -> None:
+    """Every agent folder was written by the save that wrote team.json (teams saved before `save_id`: unchecked)."""
+    save_id = desc.get("save_id")
+    if save_id is None:
+        return
+    for a, path in folders.items():
+        try:
+            with open(os.path.join(path, SAVE_STAMP)) as f:
+                stamp = f.read().strip()
+        except OSError:
+            stamp = None
+        if stamp != save_id:
+            raise ValueError(
+                f"{folder!r} mixes two saved teams: agent {a!r}'s folder {path!r} was not written with its "
+                f"{TEAM_FILE}. Copy or save the whole team again (save_model()), or load it from a checkpoint-* folder."
+            )
+
+
 def load_team(
     folder: str, base_model: str | None = None, device: str | torch.device | None = None, dtype=None
 ) -> AgentTeam:
@@ -136,6 +199,7 @@ def load_team(
                 f"agent {a!r}'s folder {path!r} (listed in {os.path.join(folder, TEAM_FILE)!r}) is missing or empty; "
                 "copy the whole team folder written by save_model()."
             )
+    _check_one_save(folder, desc, folders)
     tokenizers = {a: AutoTokenizer.from_pretrained(folders[a]) for a in names}
     if desc["layout"] == "shared_base":
         base_path = base_model or desc.get("base_model")
