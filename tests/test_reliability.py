@@ -306,3 +306,40 @@ def test_load_team_refuses_a_folder_mixing_two_saves(two_saves, tmp_path):
     with pytest.raises(ValueError, match=re.escape(repr(str(folder))) + f" mixes two saved teams: agent '{victim}'"):
         load_team(str(folder))
     assert set(load_team(str(tmp_path / "newer")).names) == set(tr.team.names)  # a whole team loads
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# a resume onto another base model is refused
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("layout", ["shared_base", "separate"])
+def test_resume_onto_another_base_of_the_same_shapes_is_refused(
+    tmp_path, make_config, prompts_dataset, qwen_path, layout
+):
+    from peft import LoraConfig
+
+    from trl_collm.testing import tiny_model_dir
+
+    other = tiny_model_dir("tiny-qwen2-seed1", seed=1)  # same architecture and shapes, other weights
+
+    def lora():  # shared_base: one config (adapters on one base); separate: one LoRA model per agent
+        cfg = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
+        return cfg if layout == "shared_base" else [cfg, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj"])]
+
+    args = make_config(tmp_path, num_agents=2, save_strategy="steps", save_steps=1)
+    _trainer(args, qwen_path, prompts_dataset, peft_config=lora()).train()
+    ck = checkpoints.complete_checkpoints(args.output_dir)[-1]
+    assert json.loads(open(os.path.join(ck, "team.json")).read())["base"]["agent_0"]["model"] == qwen_path
+
+    resume = make_config(tmp_path, num_agents=2, save_strategy="no", total_episodes=12)
+    tr = _trainer(resume, other, prompts_dataset, peft_config=lora())
+    with pytest.raises(
+        ValueError, match=re.escape(f"on base model {qwen_path!r}, but this run builds it on {other!r}")
+    ):
+        tr.train(resume_from_checkpoint=ck)
+    # the same weights under another path (a local copy of the base) resume
+    copy = shutil.copytree(qwen_path, tmp_path / "copy-of-base")
+    tr = _trainer(resume, str(copy), prompts_dataset, peft_config=lora())
+    tr.train(resume_from_checkpoint=ck)
+    assert tr.state.global_step == 3

@@ -10,6 +10,7 @@ agent, like TRL's PPO) and, when the trainer has one, the critic under `critic/`
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -32,10 +33,55 @@ def agent_folder(name: str, num_agents: int) -> str:
     return "." if num_agents == 1 else name
 
 
+# Elements read from each frozen tensor for its fingerprint: enough to tell two bases of the same shapes apart.
+_SAMPLES_PER_TENSOR = 64
+
+
+def base_identity(team: AgentTeam) -> dict:
+    """Per agent, what it was built from: the base model (`config._name_or_path`) and a fingerprint of its frozen
+    weights (those no checkpoint stores: a LoRA agent's base), so a resume can refuse another base of the same
+    shapes. The fingerprint hashes a few evenly spaced elements of every frozen tensor, rounded to bfloat16 so a
+    float32 and a bfloat16 load of one base agree; None when nothing is frozen or the weights are partitioned."""
+    out = {}
+    for a in team.names:
+        model = team.model_of(a)
+        inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+        out[a] = {
+            "model": getattr(getattr(inner, "config", None), "_name_or_path", None) or None,
+            "frozen_fingerprint": _frozen_fingerprint(model),
+        }
+    return out
+
+
+def _frozen_fingerprint(model: torch.nn.Module) -> str | None:
+    adapters = set(getattr(model, "peft_config", {}) or {})  # adapter weights are trained, not part of the base
+    digest = hashlib.sha256()
+    count = 0
+    for name, p in model.named_parameters():
+        if p.requires_grad or adapters.intersection(name.split(".")):
+            continue
+        if p.is_meta or (p.numel() == 0 and hasattr(p, "ds_numel")):
+            return None  # not materialized here (ZeRO-3 partitions at load): cannot fingerprint
+        flat = p.detach().reshape(-1)
+        idx = torch.linspace(0, flat.numel() - 1, min(flat.numel(), _SAMPLES_PER_TENSOR)).long().to(flat.device)
+        values = flat[idx].to(torch.bfloat16).cpu().view(torch.int16)
+        digest.update(f"{name}:{tuple(p.shape)}:".encode())
+        digest.update(values.numpy().tobytes())
+        count += 1
+    return digest.hexdigest()[:32] if count else None
+
+
 def describe_team(
-    team: AgentTeam, trainer: str, num_turns: int, preset: str | None, critic=None, generation: dict | None = None
+    team: AgentTeam,
+    trainer: str,
+    num_turns: int,
+    preset: str | None,
+    critic=None,
+    generation: dict | None = None,
+    base: dict | None = None,
 ) -> dict:
-    """The contents of team.json (`generation`: the sampling settings the team was trained with)."""
+    """The contents of team.json (`generation`: the sampling settings the team was trained with; `base`: what
+    each agent was built from, `base_identity`)."""
     desc = {
         "format": FORMAT,
         "agents": team.names,
@@ -49,6 +95,8 @@ def describe_team(
         desc["generation"] = generation
     if team.layout == "shared_base":
         desc["base_model"] = getattr(team.shared_base.get_base_model().config, "_name_or_path", None)
+    if base is not None:
+        desc["base"] = base
     if critic is not None:
         desc["critic"] = critic.describe()
     return desc

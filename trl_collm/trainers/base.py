@@ -107,6 +107,8 @@ class TeamTrainerBase(_BaseTrainer):
         args.resolve_for_team(len(names))
         distributed.prepare_args_for_deepspeed(args)  # before the accelerator exists (CPU backend, use_cpu, clipping)
         team = build_team(model, processing_class, ref_model, peft_config, args, names)
+        # What the team is built from, before DeepSpeed can partition it (team.json; a resume compares it)
+        self.base_identity = saved_team.base_identity(team)
         critic = self.build_critic(team, value_model, args, peft_config, critic_processing_class)
         self.env = build_env(env, reward_funcs, reward_model, prompt_formatters, args, team)
         _set_prompt_limits(team, args)
@@ -674,7 +676,13 @@ class TeamTrainerBase(_BaseTrainer):
             "max_prompt_length": {a: self.team.prompt_limits.get(a) for a in self.team.names},
         }
         return saved_team.describe_team(
-            self.team, type(self).__name__, args.num_turns, args.preset, self.critic, generation=generation
+            self.team,
+            type(self).__name__,
+            args.num_turns,
+            args.preset,
+            self.critic,
+            generation=generation,
+            base=self.base_identity,
         )
 
     def create_model_card(self, model_name=None, dataset_name=None, tags=None, task=None):

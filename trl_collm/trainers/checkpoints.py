@@ -189,6 +189,7 @@ def load_checkpoint(trainer, path: str) -> dict:
             f"checkpoint {path!r} does not match this team ({what}); it was written by a run with other agents, models "
             "or critic settings. Resume with the same configuration, or start over in another output_dir."
         )
+    check_same_base(trainer, path)
     with torch.no_grad():
         for name, value in state["params"].items():
             params[name].copy_(value.to(params[name].device, params[name].dtype))
@@ -198,6 +199,25 @@ def load_checkpoint(trainer, path: str) -> dict:
     trainer.load_checkpoint_state(state.get("extra", {}))
     set_rng_state(state["rng"])
     return state
+
+
+def check_same_base(trainer, path: str) -> None:
+    """A checkpoint stores only trained weights: resumed onto another base (of the same shapes) it would train on
+    silently. Compare each agent's frozen-weight fingerprint with the one the checkpoint's team.json records."""
+    from ..saved_team import TEAM_FILE, read_team_file
+
+    if not os.path.isfile(os.path.join(path, TEAM_FILE)):
+        return
+    saved = read_team_file(path).get("base") or {}  # checkpoints written before this check record none
+    for agent, now in trainer.base_identity.items():
+        then = saved.get(agent) or {}
+        if then.get("frozen_fingerprint") and now["frozen_fingerprint"]:
+            if then["frozen_fingerprint"] != now["frozen_fingerprint"]:
+                raise ValueError(
+                    f"checkpoint {path!r} was trained with agent {agent!r} on base model {then.get('model')!r}, but "
+                    f"this run builds it on {now['model']!r}, whose frozen weights differ. Resume on the base the "
+                    "checkpoint was trained on, or start over in another output_dir."
+                )
 
 
 def load_parameters(trainer, path: str) -> None:
