@@ -129,7 +129,8 @@ class TeamConfig(_BaseConfig):
             `train/nonfinite_steps_skipped`; this many in a row stop the run with an error.
         overwrite_output_dir (`bool`, *optional*, defaults to `False`):
             Train into an output_dir holding checkpoint-* folders without resuming (the old checkpoints are deleted
-            first). Without it, and without `resume_from_checkpoint`, such a run is refused.
+            once every check at the start of train() has passed). Without it, and without `resume_from_checkpoint`,
+            such a run is refused.
 
         > Parameters that control logging
 
@@ -370,7 +371,8 @@ class TeamConfig(_BaseConfig):
         metadata={
             "help": (
                 "Train into an output_dir that already holds checkpoint-* folders without resuming: their old "
-                "checkpoints are deleted first. Without it (and without resume_from_checkpoint) such a run is refused."
+                "checkpoints are deleted once every check at the start of train() has passed. Without it (and without "
+                "resume_from_checkpoint) such a run is refused."
             )
         },
     )
