@@ -98,12 +98,12 @@ class TeamTrainerBase(_BaseTrainer):
             raise ValueError("`model` is required: a model, a path, a list, or a dict name -> model.")
         if train_dataset is None or len(train_dataset) == 0:
             raise ValueError("`train_dataset` is empty; pass a dataset with at least one row per rollout batch.")
-        if args.should_save:  # a folder no save can write to fails here, not at the first save hours later
-            check_writable(args.output_dir)
         # Seed before building anything: fresh heads (value heads, a new `score` layer) must initialise the same way
         # in every run, or a resumed or repeated run cannot match (transformers.Trainer seeds only later).
         set_seed(args.seed)
         names = resolve_agent_names(model, args)
+        if args.should_save:  # a folder no save can write to fails here, not at the first save hours later
+            check_writable(args.output_dir)
         args.resolve_for_team(len(names))
         distributed.prepare_args_for_deepspeed(args)  # before the accelerator exists (CPU backend, use_cpu, clipping)
         team = build_team(model, processing_class, ref_model, peft_config, args, names)
