@@ -22,6 +22,7 @@ Saves the team to <out>/team. --save-steps / --stop-after / --resume: checkpoint
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 
@@ -271,8 +272,8 @@ def main():
         ),
     )
     if not cli.sample:
-        sampled = trainer.generation_kwargs
-        trainer.generation_kwargs = lambda greedy=False: sampled(greedy=True)
+        greedy = dataclasses.replace(trainer.sampler.settings, greedy=True)
+        trainer.sampler = trainer.sampler.with_settings(greedy)
     phases, fetches, module_fetches = time_phases(trainer)
     around_poison = add_test_hooks(trainer, cli)
     if cli.profile and trainer.is_world_process_zero():

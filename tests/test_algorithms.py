@@ -330,6 +330,16 @@ def test_value_loss_clip_smaller_error_not_used():
     close(stats["clipfrac"], 0.0)
 
 
+def test_an_unclipped_value_is_not_counted_as_clipped_by_rounding():
+    # float32: old + (v - old) != v here (-0.0011230260 vs -0.0011230231), though |v - old| = 0.078 < 0.2. The
+    # value must stay v exactly: not clipped, and its error is the unclipped one.
+    v, old, ret = T([[-0.001123023102991283]]), T([[0.07716259360313416]]), T([[0.0]])
+    assert (old + (v - old)).item() != v.item()  # the rounding this test is about
+    loss, stats = A.value_loss_clipped(v, old, ret, T([[1]]), 0.2)
+    assert stats["clipfrac"].item() == 0.0
+    assert loss.item() == (0.5 * (v - ret) ** 2).item()
+
+
 # --------------------------------------------------------------------------- #
 # diagnostics
 # --------------------------------------------------------------------------- #

@@ -363,7 +363,9 @@ def value_loss_clipped(
         loss = 0.5 * masked_mean(err1, m)
         clipfrac = torch.zeros((), dtype=v.dtype, device=v.device)
     else:
-        v_clipped = old + torch.clamp(v - old, -cliprange_value, cliprange_value)
+        # clamp(v, old - c, old + c) rather than old + clamp(v - old, -c, c): the same number when clipped, but an
+        # unclipped value stays exactly v, so rounding in `old + (v - old)` cannot count it as clipped.
+        v_clipped = torch.clamp(v, old - cliprange_value, old + cliprange_value)
         err2 = (v_clipped - ret) ** 2
         loss = 0.5 * masked_mean(torch.max(err1, err2), m)
         clipfrac = masked_mean((err2 > err1).to(v.dtype), m)

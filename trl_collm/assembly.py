@@ -11,6 +11,7 @@ import os
 
 from torch import nn
 
+from .models import resolve_model_name
 from .names import check_agent_names
 from .team import AgentTeam, freeze_copy
 
@@ -73,6 +74,7 @@ def load_tokenizer(source, agent: str):
         raise ValueError(
             f"No tokenizer for agent {agent!r}: pass `processing_class` (one, a list, or a dict by agent name)."
         )
+    source = resolve_model_name(source)
     tok = AutoTokenizer.from_pretrained(source) if isinstance(source, (str, os.PathLike)) else source
     check_tokenizer(tok, agent)
     return tok
@@ -92,7 +94,7 @@ def load_causal_lm(source, init_kwargs: dict | None = None):
     from transformers import AutoModelForCausalLM
 
     if isinstance(source, (str, os.PathLike)):
-        return AutoModelForCausalLM.from_pretrained(source, **(init_kwargs or {}))
+        return AutoModelForCausalLM.from_pretrained(resolve_model_name(source), **(init_kwargs or {}))
     return source
 
 
@@ -132,7 +134,7 @@ def build_team(model, processing_class, ref_model, peft_config, args, names: lis
             raise ValueError(
                 "A shared-base LoRA team uses the base (adapters disabled) as reference; pass `ref_model=None`."
             )
-        return AgentTeam(names, tokenizers, shared_base=peft_model)
+        return AgentTeam(names, tokenizers, shared_base=peft_model, share_prefix=args.share_prompt_prefix)
 
     if single_source:
         if n > 1 and not isinstance(model, (str, os.PathLike)):
@@ -157,7 +159,7 @@ def build_team(model, processing_class, ref_model, peft_config, args, names: lis
             ref.requires_grad_(False)
             ref.eval()
         refs[a] = ref
-    return AgentTeam(names, tokenizers, policies=policies, ref_policies=refs)
+    return AgentTeam(names, tokenizers, policies=policies, ref_policies=refs, share_prefix=args.share_prompt_prefix)
 
 
 class TeamModel(nn.Module):

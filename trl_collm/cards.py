@@ -9,11 +9,7 @@ import re
 PAPER = "Liu, Chen, Amiri, Amato: CoLLM, multi-agent actor-critic for decentralized LLM collaboration (ICML 2026)"
 PAPER_URL = "https://arxiv.org/abs/2601.21972"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
-_ALGORITHMS = {
-    "centralized": "CoLLM-CC: PPO-style actors with one centralized critic that reads every agent's history",
-    "decentralized": "CoLLM-DC: PPO-style actors with one decentralized critic per agent (its own history only)",
-    None: "Monte-Carlo, critic-free (MAGRPO-style): group-mean baselines over sampled answers",
-}
+_CRITIC_FREE = "Monte-Carlo, critic-free (MAGRPO-style): group-mean baselines over sampled answers"
 
 
 def _short(text: str, limit: int = 400) -> str:
@@ -56,7 +52,9 @@ def card_facts(
         or os.path.basename(os.path.normpath(args.output_dir))
     )
     tags = [tags] if isinstance(tags, str) else list(tags or [])
-    critic = desc.get("critic", {}).get("type")
+    # The critic layout describes itself (a user-registered critic type too); a team without one is the MC baseline.
+    critic = getattr(trainer, "critic", None)
+    summary = critic.describe_layout()[1] if critic is not None else _CRITIC_FREE
     return dict(
         desc,
         model_name=name,
@@ -66,7 +64,7 @@ def card_facts(
         task_name=task,
         task=trainer._task_facts(),
         algorithm=trainer._algorithm_facts(),
-        algorithm_summary=_ALGORITHMS.get(critic, _ALGORITHMS[None]),
+        algorithm_summary=summary,
         base_models=base_models(trainer),
         metrics=trainer.metrics_history[-1] if trainer.metrics_history else {},
     )
@@ -160,18 +158,16 @@ def team_card(facts: dict) -> str:
     if rows:
         lines += ["", "## Results", "", "Last logged training iteration:", "", "| metric | value |", "|---|---|", *rows]
     repo = facts["repo"]
-    lines += ["", "## Run the team", "", "```python", "from trl_collm.inference import load_team, play"]
+    lines += ["", "## Run the team", "", "```python", "from trl_collm.inference import load_team, play, saved_settings"]
     if task_name:
         lines += [
             "from trl_collm.tasks import get_task",
             "",
             f"team = load_team({repo!r})  # a Hub repo id or a local folder",
+            f"settings = saved_settings({repo!r})  # as trained, decoding greedily (greedy=False samples)",
             f"task = get_task({task_name!r})",
             'rows = list(task.load_dataset("eval", limit=4))',
-            (
-                f"transcripts = play(team, task.make_env(), rows, num_turns={facts['num_turns']}, "
-                f"max_new_tokens={gen.get('response_length', 64)})"
-            ),
+            f"transcripts = play(team, task.make_env(), rows, num_turns={facts['num_turns']}, settings=settings)",
             "```",
             "",
             f"or from the command line: `trl-collm eval --team_dir <local folder> --task {task_name}`.",
@@ -180,11 +176,9 @@ def team_card(facts: dict) -> str:
         lines += [
             "",
             f"team = load_team({repo!r})  # a Hub repo id or a local folder",
+            f"settings = saved_settings({repo!r})  # as trained, decoding greedily (greedy=False samples)",
             "# env: the trl_collm.MultiAgentEnv the team was trained with; rows: its dataset rows",
-            (
-                f"transcripts = play(team, env, rows, num_turns={facts['num_turns']}, "
-                f"max_new_tokens={gen.get('response_length', 64)})"
-            ),
+            f"transcripts = play(team, env, rows, num_turns={facts['num_turns']}, settings=settings)",
             "```",
         ]
     lines += ["", "`team.json` describes the whole team (agents, folders, layout, critic, generation settings)."]

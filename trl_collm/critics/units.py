@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from ..assembly import check_tokenizer, model_path
+from ..models import resolve_model_name
 from ..prefix import forward_last
 from ..team import AgentTeam, _left_pad, input_pad_id, truncate_left
 from .heads import ValueHead, backbone_of, hidden_size_of, score_layer, value_model_outputs
@@ -143,7 +144,9 @@ class ValueModelUnit(CriticUnit):
                 )
             vm = path
         if isinstance(vm, (str, os.PathLike)):
-            vm = AutoModelForSequenceClassification.from_pretrained(vm, num_labels=k, **(spec.model_init_kwargs or {}))
+            vm = AutoModelForSequenceClassification.from_pretrained(
+                resolve_model_name(vm), num_labels=k, **(spec.model_init_kwargs or {})
+            )
         if vm.config.pad_token_id is None:
             vm.config.pad_token_id = team.tokenizers[owner].pad_token_id
         if value_model_outputs(vm) != k:
@@ -159,7 +162,7 @@ class ValueModelUnit(CriticUnit):
             # extends the value model's own (e.g. a script added a pad token to it), else use the model's own.
             tok = team.tokenizers[owner] if own is None or extends(team.tokenizers[owner], own) else own
         elif isinstance(tok, (str, os.PathLike)):
-            tok = AutoTokenizer.from_pretrained(tok)
+            tok = AutoTokenizer.from_pretrained(resolve_model_name(tok))
         check_tokenizer(tok, f"critic {key}")
         return cls(tok, k, team, vm)
 
