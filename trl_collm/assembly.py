@@ -13,12 +13,13 @@ from torch import nn
 
 from .modeling import base_model_of
 from .models import resolve_model_name
+from .names import check_agent_names
 from .team import AgentTeam, freeze_copy
 
 
 def resolve_agent_names(model, args) -> list[str]:
     if isinstance(model, dict):
-        names = list(model.keys())
+        names = check_agent_names(model.keys(), "`model` (a dict name -> model)")
         if args.agent_names is not None and list(args.agent_names) != names:
             raise ValueError(
                 f"`model` is a dict with agents {names} but `agent_names`={args.agent_names}; make them agree."
