@@ -225,7 +225,7 @@ print({{"built": built, "trained": "deepspeed" in sys.modules}})
 
 
 def test_eval_and_play_flags_select_the_backend():
-    from trl_collm.cli import _eval_parser
+    from trl_collm.cli.evaluate import _eval_parser
 
     parser = _eval_parser("trl-collm play", play=True)
     base = ["--team_dir", "t", "--task", "coord-penalty"]
