@@ -133,7 +133,14 @@ def test_end_of_turn_is_found_from_the_template(smol_tok):
 def test_built_in_tasks_give_a_chat_form_to_templated_agents_and_the_plain_prompt_to_others(smol_tok):
     from trl_collm.tasks import get_task
 
-    for name in ("writing-summary", "code-humaneval", "building-str", "coord-climbing", "coord-repeated"):
+    for name in (
+        "writing-summary",
+        "writing-tags",
+        "code-humaneval",
+        "building-str",
+        "coord-climbing",
+        "coord-repeated",
+    ):
         task = get_task(name)
         env = task.make_env()
         row = task.load_dataset("train", limit=1)[0]
