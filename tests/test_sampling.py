@@ -211,3 +211,19 @@ def test_eval_samples_a_saved_team_as_training_did(tmp_path, make_config, prompt
     for e, tr in enumerate(transcripts):
         for a in team.names:
             assert tr["turns"][0]["agents"][a]["completion"] == roll.turns[0][a].gen.texts[e]
+
+
+def test_stop_token_masks_and_a_tokenizer_without_eos():
+    """The first stop token ends (and belongs to) the action; several stop ids all stop; a tokenizer without an eos
+    token and no `stop_token_id` is refused with one line naming the agent."""
+    tok = types.SimpleNamespace(eos_token_id=None, decode=lambda ids, **kw: " ".join(map(str, ids)))
+    team = types.SimpleNamespace(tokenizers={"a": tok}, pad_id=lambda name: 0)
+    q = torch.ones(2, 1, dtype=torch.long)
+    response = torch.tensor([[4, 7, 5, 9], [4, 5, 9, 7]])
+    sampler = Sampler(team, GenerateBackend(), SamplingSettings(4, stop_token_ids=(7, 9)))
+    gen = sampler._finish("a", q, q, response)
+    assert gen.response_mask.tolist() == [[True, True, False, False], [True, True, True, False]]
+    assert gen.response_ids.tolist() == [[4, 7, 0, 0], [4, 5, 9, 0]] and gen.texts == ["4", "4 5"]
+    assert gen.ended.tolist() == [True, True]
+    with pytest.raises(ValueError, match=r"^agent 'a''s tokenizer has no eos_token; set `stop_token_id`"):
+        sampler.with_settings(SamplingSettings(4))._finish("a", q, q, response)
