@@ -128,6 +128,16 @@ def test_end_of_turn_is_found_from_the_template(smol_tok):
     variant.eos_token = "<|endoftext|>"
     assert chat.stop_token_ids(variant) == (0, 2)
     assert chat.end_of_turn_id(plain_tokenizer()) is None
+    # Another template closing turns with another special token (as Llama 3's <|eot_id|>): found; one closing turns
+    # with plain text: none, eos alone ends the answer.
+    other = copy.deepcopy(smol_tok)
+    turn = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}END{% endfor %}"
+    other.chat_template = (turn + "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}").replace(
+        "END", "<file_sep>\n"
+    )
+    assert chat.end_of_turn_id(other) == 5 and chat.stop_token_ids(other) == (2, 5)
+    other.chat_template = other.chat_template.replace("<file_sep>", "\n### ")
+    assert chat.end_of_turn_id(other) is None and chat.stop_token_ids(other) == (2,)
 
 
 def test_built_in_tasks_give_a_chat_form_to_templated_agents_and_the_plain_prompt_to_others(smol_tok):
