@@ -163,8 +163,8 @@ def test_built_in_tasks_give_a_chat_form_to_templated_agents_and_the_plain_promp
                 list(obs.messages), tokenize=False, add_generation_prompt=True
             )
             assert chat.agent_prompt(plain_tokenizer(), obs) == str(obs)
-            # The chat form holds the same words as the plain prompt (the plain answer cue aside).
-            assert all(m["content"].strip() in str(obs) for m in obs.messages), name
+            # The chat form holds the plain prompt's instructions and material (the writing tasks add a request).
+            assert obs.messages[0]["content"] in str(obs) and obs.messages[1]["content"][:40] in str(obs), name
 
 
 def test_code_task_turn_two_chat_form_is_the_conversation_so_far():

@@ -380,9 +380,11 @@ def make_formatters(rules: WritingRules) -> dict[str, Callable[[dict], ChatPromp
             )
             source = f"{head}{label}:\n{row['document']}"
             # Plain form for models without a chat template (it cues the answer); chat form: instructions as the
-            # system message, the source as the user's (the template's generation prompt cues the answer).
+            # system message, the source then a one-line request as the user's. Without the request SmolLM2-135M
+            # answers the post's author ("I'm sorry for ...") instead of summarising it (docs/chat.md).
             plain = f"{instructions}\n\n{source}\n\n{role.capitalize()} text:"
-            return ChatPrompt(plain, system_user(instructions, source))
+            request = f"Write {what.split(':')[0]} ({lo} to {hi} words)."
+            return ChatPrompt(plain, system_user(instructions, f"{source}\n\n{request}"))
 
         fmt.__name__ = f"{role}_prompt"
         return fmt
