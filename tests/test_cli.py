@@ -211,16 +211,6 @@ def test_eval_refuses_a_coordination_team_on_the_building_game(trained, capsys):
     assert "['player_1', 'player_2']" in err and "building-str" in err
 
 
-def test_learning_curve_title_names_the_critic():
-    from trl_collm.plotting import curve_title
-
-    assert curve_title("coord-penalty", "ppo", "centralized") == "coord-penalty: ppo (CoLLM-CC, centralized critic)"
-    assert (
-        curve_title("coord-penalty", "ppo", "decentralized") == "coord-penalty: ppo (CoLLM-DC, decentralized critics)"
-    )
-    assert curve_title("coord-penalty", "mc", None) == "coord-penalty: mc (no critic)"
-
-
 def test_play_prints_both_agents_prompts_and_answers(trained, capsys):
     capsys.readouterr()
     assert (
