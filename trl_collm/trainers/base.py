@@ -136,6 +136,10 @@ class TeamTrainerBase(_BaseTrainer):
         if reward_model is not None:
             reward_model.to(self.accelerator.device).eval()
         self._metrics_history: list[dict] = []
+        # What the team was trained for, recorded in team.json under "task" so `trl-collm eval` / `play` default to
+        # it and refuse another task: {"name", "ref" (registry name or import path), "options", "dataset_source"}.
+        # The CLI sets it (cli.task_record); Python users may too.
+        self.task_record: dict | None = None
         self.nonfinite_steps = NonFiniteSteps(args.max_nonfinite_steps)
 
     def build_critic(self, team, value_model, args, peft_config, critic_processing_class):
@@ -637,9 +641,12 @@ class TeamTrainerBase(_BaseTrainer):
             self.sampler.settings.to_team_json(),
             max_prompt_length={a: self.team.prompt_limits.get(a) for a in self.team.names},
         )
-        return saved_team.describe_team(
+        desc = saved_team.describe_team(
             self.team, type(self).__name__, args.num_turns, args.preset, self.critic, generation=generation
         )
+        if self.task_record is not None:
+            desc["task"] = dict(self.task_record)
+        return desc
 
     def create_model_card(self, model_name=None, dataset_name=None, tags=None, task=None):
         """The team card (README.md in output_dir, built by trl_collm.cards in place of TRL's single-model card):
