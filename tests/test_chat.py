@@ -119,6 +119,12 @@ def test_multi_turn_history_is_the_conversation_so_far(smol_tok):
     )
     assert prompts["smol"] == [expected] and contexts["smol"] == [expected]  # the critic sees what the agent sees
     assert prompts["plain"] == [history_context([str(first), "Round 2."], ["B"])]
+    # A conversation in a plain agent's history reads as its plain rendering, whatever else the history holds.
+    convo = [{"role": "user", "content": "Play."}]
+    histories = {0: ([[convo, first]], [["B", "C"]])}
+    Team.names = ["plain"]
+    prompts, _ = _prompts_for(Team(), {0: ["Round 3."]}, [0], histories, "history", 2)
+    assert prompts["plain"] == ["Play.\nB\n" + str(first) + "\nC\nRound 3."]
 
 
 def test_end_of_turn_is_found_from_the_template(smol_tok):

@@ -12,7 +12,8 @@ Three kinds of observation reach an agent (docs/chat.md):
   get the chat form rendered, agents without one the string itself, unchanged.
 
 With `agent_context="history"`, an agent's prompt at turn t is its conversation so far: every observation's messages
-followed by its own answer as an assistant message, rendered with its template.
+followed by its own answer as an assistant message, rendered with its template (plain text joined as before for an
+agent without one).
 """
 
 from __future__ import annotations
@@ -101,11 +102,11 @@ def agent_prompt(tokenizer, obs):
 
 
 def wants_chat(tokenizer, observations: Sequence) -> bool:
-    """Whether an agent's multi-turn history is a conversation: its tokenizer has a template and an observation came
-    in chat form, or any observation was a conversation (which only chat can hold)."""
-    if any(is_conversation(o) for o in observations):
-        return True
-    return has_template(tokenizer) and any(isinstance(o, ChatPrompt) for o in observations)
+    """Whether an agent's multi-turn history is rendered as a conversation: its tokenizer has a template and an
+    observation came as messages (a conversation or a ChatPrompt). Otherwise the history is plain text, each
+    observation as `agent_prompt` gives it (a conversation's plain rendering, a ChatPrompt's text) joined with the
+    answers (`views.history_context`), which is also the plain rendering of the whole conversation."""
+    return has_template(tokenizer) and any(is_conversation(o) or isinstance(o, ChatPrompt) for o in observations)
 
 
 def history_messages(observations: Sequence, completions: Sequence[str], decode) -> list[dict]:
