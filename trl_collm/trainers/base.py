@@ -22,6 +22,7 @@ from trl.trainer.utils import disable_dropout_in_model
 
 from .. import saved_team
 from ..assembly import TeamModel, build_team, resolve_agent_names
+from ..chat import agent_prompt
 from ..envs import MultiAgentEnv, RewardFunctionEnv, RewardModelFunction, check_agent_names
 from ..generation import make_backend
 from ..numerics import NonFiniteSteps, gradients_finite
@@ -713,7 +714,8 @@ class TeamTrainerBase(_BaseTrainer):
         try:  # the prompts an episode starts with, from the first training row, on a copy of the env
             observations = self.env.clone().reset(self.train_dataset[0])
             facts["example_prompts"] = {
-                a: self.team.decode_observation(a, o) for a, o in zip(self.team.names, observations)
+                a: self.team.decode_observation(a, agent_prompt(self.team.tokenizers[a], o))
+                for a, o in zip(self.team.names, observations)
             }
         except Exception:  # noqa: BLE001 - a card must not fail on an env that cannot reset outside a batch
             pass
