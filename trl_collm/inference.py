@@ -7,6 +7,8 @@ episodes = play(team, env, rows, num_turns=1)   # transcripts and rewards
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from .rollout import run_episodes
@@ -31,7 +33,8 @@ def play(
     gen_kwargs = dict(max_new_tokens=max_new_tokens, do_sample=not greedy, pad_token_id=tok.pad_token_id)
     if not greedy:
         gen_kwargs["temperature"] = temperature
-    roll = run_episodes(team, env, rows, num_turns, device, gen_kwargs)
+    with _eval_mode(team):
+        roll = run_episodes(team, env, rows, num_turns, device, gen_kwargs)
     transcripts = []
     for e in range(len(rows)):
         turns = []
@@ -51,3 +54,16 @@ def play(
             )
         transcripts.append({"episode": e, "return": roll.rewards[e].sum(0).tolist(), "turns": turns})
     return transcripts
+
+
+@contextlib.contextmanager
+def _eval_mode(team: AgentTeam):
+    """Every module in eval mode for the episodes (no dropout; PEFT refuses per-row adapters in training mode, which a
+    trainer's team is in after train()), each put back in its own mode afterwards."""
+    modes = [(m, m.training) for m in team.modules()]
+    team.eval()
+    try:
+        yield
+    finally:
+        for module, training in modes:
+            module.training = training
