@@ -187,6 +187,29 @@ def test_cli_eval_scores_the_saved_real_model_team(cc_lora, capsys):
     assert -1.0 <= summary["mean_return"] <= 1.0  # the penalty game's payoffs are scaled into [-1, 1]
 
 
+def test_logprobs_equal_the_full_log_softmax_and_keep_no_entropy_graph(cc_lora):
+    """The 49k-vocabulary log-softmax is never materialised for the loss (gather minus logsumexp), yet the numbers are
+    the textbook ones; the logged entropy holds no autograd graph (it kept 2 full-vocabulary tensors alive)."""
+    from trl_collm.prefix import position_ids_from_mask
+
+    team = cc_lora["trainer"].team
+    a = team.names[0]
+    query, query_mask = team.encode(a, ["Name a colour.", "Say hi to the whole team."], "cpu")
+    response = torch.tensor([[504, 3458, 314, 2], [253, 1345, 28, 2]])
+    response_mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]], dtype=torch.bool)
+    ids = torch.cat([query, response], 1)
+    mask = torch.cat([query_mask.long(), response_mask.long()], 1)
+    for temperature in (1.0, 0.7):
+        logp, entropy = team.logprobs(a, query, query_mask, response, response_mask, temperature, with_entropy=True)
+        assert logp.requires_grad and not entropy.requires_grad
+        with team.active(a) as model, torch.no_grad():
+            logits = model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask)).logits
+        full = torch.log_softmax(logits[:, query.shape[1] - 1 : -1] / temperature, dim=-1)
+        expected = full.gather(-1, response.unsqueeze(-1)).squeeze(-1).masked_fill(~response_mask, 0.0)
+        torch.testing.assert_close(logp.detach(), expected, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(entropy, -(full.exp() * full).sum(-1), rtol=1e-4, atol=1e-4)
+
+
 # ---------------------------------------------------------------------------------------------- DC and MC
 def test_dc_lora_team_trains(smollm2_path, tmp_path):
     trainer = _ppo_trainer(tmp_path, smollm2_path, _lora(), critic_type="decentralized")
