@@ -193,7 +193,6 @@ def bare_generate(trainer, rows: list[dict], device: str) -> tuple[float, float,
     """generate() per agent on the rollout's prompts with the rollout's kwargs; returns (seconds, CPU seconds of this
     process, new tokens)."""
     team = trainer.team
-    kwargs = trainer.generation_kwargs()
     prompts = [r["prompt"] for r in rows]
     tokens = 0
     _sync(device)
@@ -202,6 +201,7 @@ def bare_generate(trainer, rows: list[dict], device: str) -> tuple[float, float,
         with team.active(a) as model:  # a separate model, or the shared base with agent a's adapter on
             model.eval()
             ids, mask = team.encode(a, prompts, trainer.accelerator.device)
+            kwargs = trainer.sampler.settings.generate_kwargs(team.pad_id(a))
             out = model.generate(input_ids=ids, attention_mask=mask, **kwargs)
         tokens += out[:, ids.shape[1] :].numel()
     _sync(device)

@@ -32,7 +32,9 @@ CONFIGS = ROOT / "trl_collm" / "accelerate_configs"
 METRICS = ["objective/scores", "loss/policy_avg", "loss/value_avg", "objective/kl", "policy/entropy_avg"]
 RTOL, ATOL = 1e-4, 1e-5  # trajectory tolerance (observed differences are ~1e-6 relative: summation order across ranks)
 WEIGHT_RTOL = 1e-6  # final parameter sums, DeepSpeed run vs one process
-TIMEOUT = 300
+# A hang guard, not a speed limit: a launch went past the former 300 s with the load at 4-13 on 2 cores (issue 23).
+# The suite must pass on a busy machine, so the guard only catches a launch that never ends.
+TIMEOUT = 1800
 
 
 def _env(cache: Path) -> dict:

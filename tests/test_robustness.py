@@ -109,7 +109,7 @@ def test_every_numeric_field_rejects_absurd_negatives(cls):
         (MultiAgentPPOConfig, dict(max_grad_norm=math.inf), "max_grad_norm"),
         (MultiAgentPPOConfig, dict(cliprange_value=-0.2), "cliprange_value"),
         (MultiAgentPPOConfig, dict(top_p=1.5), "top_p"),
-        (MultiAgentPPOConfig, dict(top_k=0), "top_k"),
+        (MultiAgentPPOConfig, dict(top_k=-1), "top_k"),  # 0 is "off", as in TRL (tests/test_trl_user.py)
         (MultiAgentPPOConfig, dict(max_nonfinite_steps=0), "max_nonfinite_steps"),
         (MultiAgentMCConfig, dict(beta=math.nan), "beta"),
         (MultiAgentMCConfig, dict(epsilon=math.inf), "epsilon"),
@@ -380,7 +380,7 @@ def test_pad_equal_to_eos_keeps_the_eos_in_the_action(tmp_path, make_config, pro
     assert tok.pad_token_id == tok.eos_token_id
     eos, a, b = tok.eos_token_id, 40, 41
     q_ids, q_mask = tr.team.encode("policy", ["hello there"], "cpu")
-    gen = tr.team._finish("policy", q_ids, q_mask, torch.tensor([[a, b, eos, eos, eos]]), None)
+    gen = tr.sampler._finish("policy", q_ids, q_mask, torch.tensor([[a, b, eos, eos, eos]]), None)
     assert gen.response_mask.tolist() == [[True, True, True, False, False]]
     assert bool(gen.ended[0])
     tr.train()  # and a whole run works with it

@@ -118,6 +118,12 @@ def load_team(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if not os.path.isdir(folder):  # a Hub repo id: fetch the whole team once (fails clearly when offline)
+        from .cards import is_hub_id
+
+        if not is_hub_id(folder):  # a local path, not a malformed repo id
+            raise FileNotFoundError(
+                f"{folder!r}: no such folder; pass the output_dir of save_model() or a Hub repo id (org/name)"
+            )
         from huggingface_hub import snapshot_download
 
         folder = snapshot_download(folder)

@@ -21,14 +21,11 @@ the valid-command rate.
 
 from __future__ import annotations
 
-import os
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
 import argparse
 import hashlib
 import json
 import math
+import os
 import random
 import shutil
 import tempfile
@@ -340,6 +337,7 @@ def rollout_team(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from .rollout import run_episodes
+    from .sampling import Sampler, SamplingSettings, make_backend
     from .tasks import get_task
     from .team import AgentTeam
 
@@ -352,14 +350,12 @@ def rollout_team(
         policies = {a: AutoModelForCausalLM.from_pretrained(paths[a]).eval() for a in spec.agent_names}
         tokenizers = {a: AutoTokenizer.from_pretrained(paths[a]) for a in spec.agent_names}
         team = AgentTeam(spec.agent_names, tokenizers, policies=policies)
-    tok = team.tokenizers[team.names[0]]
-    gen_kwargs = dict(max_new_tokens=max_new_tokens, do_sample=temperature > 0, pad_token_id=tok.pad_token_id)
-    if temperature > 0:
-        gen_kwargs.update(temperature=temperature, top_k=None, top_p=1.0)
-    device = next(team.parameters()).device
+    # temperature 0: greedy decoding; otherwise pure sampling at that temperature (no top-k / top-p filter)
+    settings = SamplingSettings(max_new_tokens, temperature=temperature or 1.0, greedy=temperature <= 0)
+    sampler = Sampler(team, make_backend(), settings, next(team.parameters()).device)
     with torch.random.fork_rng(devices=[]), torch.no_grad():
         torch.manual_seed(seed)
-        roll = run_episodes(team, env, list(rows), spec.num_turns, device, gen_kwargs)
+        roll = run_episodes(sampler, env, list(rows), spec.num_turns)
     return env, roll
 
 
@@ -454,9 +450,21 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--force", action="store_true", help="rebuild even when the fingerprint matches")
     p.add_argument("--no-eval", action="store_true", help="skip the starting-score report")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch's intra-op threads (default on CPU: OMP_NUM_THREADS when set, else 1; as `trl-collm ppo`)",
+    )
     a = p.parse_args(argv)
     import torch
 
+    from .cli import UsageError, set_cpu_threads
+
+    try:
+        set_cpu_threads(a.threads, on_cpu=True)  # the warm start trains on CPU (use_cpu=True in its SFTConfig)
+    except UsageError as e:
+        p.error(str(e))
     torch.manual_seed(a.seed)
     given = {k: v for k, v in dict(episodes=a.episodes, epochs=a.epochs).items() if v is not None}
     cfg = WarmStartConfig.for_task(a.task, seed=a.seed, **given)

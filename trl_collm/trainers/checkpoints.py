@@ -65,7 +65,7 @@ def save_checkpoint(trainer, output_dir: str) -> str:
     if not trainer.is_world_process_zero():
         return final
     extra = trainer.checkpoint_state()
-    torch.save(
+    _save_state(
         {
             "params": trainable_state(trainer.model),
             # ZeRO shards the optimizer state across ranks: a rank-0 copy could not resume, so none is kept.
@@ -94,6 +94,25 @@ def save_checkpoint(trainer, output_dir: str) -> str:
         os.replace(tmp, final)
     _rotate(output_dir, trainer.args.save_total_limit, keep=trainer.state.best_model_checkpoint)
     return final
+
+
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written (a full disk, a quota): the run's environment, not a bug; the CLI prints it
+    as one line."""
+
+
+def _save_state(state: dict, path: str) -> None:
+    """torch.save, with a full disk said as such: torch reports it as `enforce fail ... unexpected pos`."""
+    try:
+        torch.save(state, path)
+    except (RuntimeError, OSError) as e:
+        folder = os.path.dirname(path)
+        shutil.rmtree(folder, ignore_errors=True)  # the unfinished .tmp checkpoint: never resumed, only space
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointWriteError(
+            f"writing {path} failed ({first[:200]}): is the disk full? Free space in "
+            f"{os.path.dirname(folder) or '.'}; its last complete checkpoint is still good to resume from"
+        ) from e
 
 
 def complete_checkpoints(output_dir: str) -> list[str]:

@@ -59,7 +59,7 @@ class TeamConfig(_BaseConfig):
         top_p (`float`, *optional*, defaults to `1.0`):
             Nucleus sampling for generation.
         top_k (`int`, *optional*, defaults to `None`):
-            Top-k sampling for generation (None: off).
+            Top-k sampling for generation (None or 0: off, as in TRL and transformers).
         stop_token (`str`, *optional*, defaults to `None`):
             Specifies the stop token to use for text generation. Only 'eos' is supported.
         stop_token_id (`int`, *optional*, defaults to `None`):
@@ -309,7 +309,7 @@ class TeamConfig(_BaseConfig):
         },
     )
     top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling for generation."})
-    top_k: int | None = field(default=None, metadata={"help": "Top-k sampling for generation (None: off)."})
+    top_k: int | None = field(default=None, metadata={"help": "Top-k sampling for generation (None or 0: off)."})
     scale_logits_by_temperature: bool = field(
         default=True,
         metadata={"help": "Compute log-probs from logits / temperature (TRL PPO) or from raw logits (reference code)."},
@@ -392,6 +392,8 @@ class TeamConfig(_BaseConfig):
             from transformers.utils import is_torch_bf16_gpu_available
 
             self.bf16 = not self.use_cpu and is_torch_bf16_gpu_available()
+        if self.top_k == 0:  # TRL's configs and transformers' generate() switch top-k off with 0: same meaning here
+            self.top_k = None
         # Before TrainingArguments' own checks, so every bad number gets a message naming its field.
         check_numeric_fields(self)
         # Every TrainingArguments field either works or is refused here (trainers/supported_args.py).
