@@ -22,11 +22,13 @@ from trl.trainer.utils import disable_dropout_in_model
 
 from .. import saved_team
 from ..assembly import TeamModel, build_team, resolve_agent_names
+from ..chat import agent_prompt
 from ..envs import MultiAgentEnv, RewardFunctionEnv, RewardModelFunction, check_agent_names
 from ..numerics import NonFiniteSteps, gradients_finite
 from ..rollout import Rollout, run_episodes
 from ..sampling import Sampler, SamplingSettings, make_backend
 from . import checkpoints, distributed
+from .output_dir import LOCK_FILE, OutputDirLock, check_writable
 
 logger = logging.getLogger(__name__)
 
@@ -102,9 +104,13 @@ class TeamTrainerBase(_BaseTrainer):
         # in every run, or a resumed or repeated run cannot match (transformers.Trainer seeds only later).
         set_seed(args.seed)
         names = resolve_agent_names(model, args)
+        if args.should_save:  # a folder no save can write to fails here, not at the first save hours later
+            check_writable(args.output_dir)
         args.resolve_for_team(len(names))
         distributed.prepare_args_for_deepspeed(args)  # before the accelerator exists (CPU backend, use_cpu, clipping)
         team = build_team(model, processing_class, ref_model, peft_config, args, names)
+        # What the team is built from, before DeepSpeed can partition it (team.json; a resume compares it)
+        self.base_identity = saved_team.base_identity(team)
         critic = self.build_critic(team, value_model, args, peft_config, critic_processing_class)
         self.env = build_env(env, reward_funcs, reward_model, prompt_formatters, args, team)
         _set_prompt_limits(team, args)
@@ -267,15 +273,16 @@ class TeamTrainerBase(_BaseTrainer):
         if self.is_deepspeed_enabled:
             # One engine.step() per minibatch: every backward below only accumulates (distributed.engine_backward);
             # DeepSpeed reduces the gradients across ranks and clips the global norm (max_grad_norm) in step().
-            # ZeRO checks the reduced gradients for NaN/inf itself and skips such a step (engine.skipped_steps).
+            # ZeRO checks the reduced gradients for NaN/inf itself and skips such a step (engine.skipped_steps);
+            # `_accumulate` turns a non-finite loss into NaN gradients so that it is skipped the same way.
             with distributed.engine_backward(self) as engine:
-                self._accumulate(scored, pairs, agents, logs, micro)
+                losses_finite = self._accumulate(scored, pairs, agents, logs, micro)
                 distributed.release_gathered(self)  # no gathered copy may outlive the step that updates the shards
                 skipped_before = engine.skipped_steps
                 self.control = self.callback_handler.on_pre_optimizer_step(self.args, self.state, self.control)
                 engine.step()
             if engine.skipped_steps > skipped_before:
-                self.nonfinite_steps.skipped("gradients")
+                self.nonfinite_steps.skipped("loss" if not losses_finite else "gradients")
                 return
             self.nonfinite_steps.stepped()
             self.control = self.callback_handler.on_optimizer_step(self.args, self.state, self.control)
@@ -321,8 +328,14 @@ class TeamTrainerBase(_BaseTrainer):
             for loss, rows in self.step_losses(scored, mpairs, agents, logs):
                 # Backpropagated even when non-finite, so that every rank runs the same collectives; the step is
                 # then dropped by `_step`.
-                finite = finite and bool(torch.isfinite(loss.detach()).all())
-                self.accelerator.backward(loss * weight * rows / len(mpairs))
+                finite_here = bool(torch.isfinite(loss.detach()).all())
+                finite = finite and finite_here
+                scale = weight * rows / len(mpairs)
+                if not finite_here and self.is_deepspeed_enabled:
+                    # ZeRO skips a step only for non-finite gradients, and an infinite loss can have finite ones:
+                    # NaN gradients here make every rank's ZeRO skip this step (the reduced gradients carry them).
+                    scale = float("nan")
+                self.accelerator.backward(loss * scale)
                 distributed.release_gathered(self)  # ZeRO-3: the models this loss gathered, now that it is done
             if k < len(parts) - 1:  # transformers' event for an accumulation step that is not an optimizer step
                 self.control = self.callback_handler.on_substep_end(self.args, self.state, self.control)
@@ -414,8 +427,38 @@ class TeamTrainerBase(_BaseTrainer):
         if resume_from_checkpoint is None:  # TrainingArguments carries it (the CLI's --resume_from_checkpoint)
             resume_from_checkpoint = args.resume_from_checkpoint
         checkpoint = checkpoints.resolve(resume_from_checkpoint, args.output_dir)
-        if checkpoint is None:
-            checkpoints.refuse_to_clobber(args.output_dir, args.overwrite_output_dir, self.is_world_process_zero())
+        lock = self._claim_output_dir()
+        try:
+            return self._train(checkpoint)
+        finally:
+            lock.release()
+
+    def _claim_output_dir(self) -> OutputDirLock:
+        """Before anything is trained: output_dir must be writable (every process checks; a failure at the first
+        save would come after hours), and this run alone may use it (the main process takes the lock). Every
+        process raises together, so none waits in a collective for the others."""
+        folder = self.args.output_dir
+        lock = OutputDirLock(folder)
+        problem = None
+        try:
+            check_writable(folder)
+            if self.is_world_process_zero():
+                lock.acquire()
+        except (OSError, RuntimeError) as e:
+            problem = e
+        if distributed.on_any_rank(self, problem is not None):
+            lock.release()
+            if problem is not None:
+                raise problem
+            raise RuntimeError(f"another process of this run could not use output_dir {folder!r}; see its error.")
+        return lock
+
+    def _train(self, checkpoint: str | None):
+        """`train` once the output_dir is this run's: checks first, then (overwrite_output_dir) the old checkpoints'
+        deletion, then the loop."""
+        args = self.args
+        if checkpoint is None:  # only checked here: nothing is deleted before every check below has passed
+            checkpoints.refuse_to_clobber(args.output_dir, args.overwrite_output_dir, delete=False)
         if args.load_best_model_at_end and self.is_deepspeed_enabled:
             raise ValueError(
                 "`load_best_model_at_end` is not supported under DeepSpeed (ZeRO partitions the "
@@ -430,6 +473,9 @@ class TeamTrainerBase(_BaseTrainer):
         self.create_optimizer_and_scheduler(num_training_steps=args.num_total_batches * steps_per_iteration)
         if self.is_deepspeed_enabled and self.model_wrapped is self.model:
             distributed.prepare_model_and_optimizer(self)  # TeamModel + optimizer -> one DeepSpeed engine
+        if checkpoint is None and self.is_world_process_zero():  # every check passed: now the old run may go
+            checkpoints.refuse_to_clobber(args.output_dir, args.overwrite_output_dir, delete=True)
+        self.accelerator.wait_for_everyone()
         self.state = TrainerState(
             is_local_process_zero=self.is_local_process_zero(),
             is_world_process_zero=self.is_world_process_zero(),
@@ -641,7 +687,13 @@ class TeamTrainerBase(_BaseTrainer):
             max_prompt_length={a: self.team.prompt_limits.get(a) for a in self.team.names},
         )
         desc = saved_team.describe_team(
-            self.team, type(self).__name__, args.num_turns, args.preset, self.critic, generation=generation
+            self.team,
+            type(self).__name__,
+            args.num_turns,
+            args.preset,
+            self.critic,
+            generation=generation,
+            base=self.base_identity,
         )
         if self.task_record is not None:
             desc["task"] = dict(self.task_record)
@@ -661,7 +713,8 @@ class TeamTrainerBase(_BaseTrainer):
         try:  # the prompts an episode starts with, from the first training row, on a copy of the env
             observations = self.env.clone().reset(self.train_dataset[0])
             facts["example_prompts"] = {
-                a: self.team.decode_observation(a, o) for a, o in zip(self.team.names, observations)
+                a: self.team.decode_observation(a, agent_prompt(self.team.tokenizers[a], o))
+                for a, o in zip(self.team.names, observations)
             }
         except Exception:  # noqa: BLE001 - a card must not fail on an env that cannot reset outside a batch
             pass
@@ -713,7 +766,7 @@ class TeamTrainerBase(_BaseTrainer):
         if not self.is_world_process_zero():
             return None
         self.create_model_card(model_name=model_name, **kwargs)
-        ignore = ["_*", "checkpoint-*", "checkpoint-*/**", "runs/**"] + (
+        ignore = ["_*", "checkpoint-*", "checkpoint-*/**", "runs/**", LOCK_FILE] + (
             [] if include_critic else ["critic/*", "critic/**"]
         )
         return hf_trainer.hf_api().upload_folder(
