@@ -84,9 +84,15 @@ def _play(team):
 
 
 def _finite_metrics(history):
+    """Every logged float is finite, except an explained variance, which is NaN by definition when the returns are
+    constant (with chat prompts both players of the real model often give the same letter: every return is 1)."""
     assert history
     for m in history:
-        bad = {k: v for k, v in m.items() if isinstance(v, float) and not math.isfinite(v)}
+        bad = {
+            k: v
+            for k, v in m.items()
+            if isinstance(v, float) and not math.isfinite(v) and not k.endswith("critic/explained_variance")
+        }
         assert not bad, bad
 
 
