@@ -11,9 +11,10 @@ it trains, and the same posts' answers and scores after. The model comes from th
     python examples/smollm2_team.py --episodes 64      # longer
     python examples/smollm2_team.py --threads 2        # fewer cores (default: all of them)
 
-Measured on one thread of a shared AMD EPYC core (2026-12-01): `--episodes 4` took 152 CPU seconds in all (model
-load, the two greedy showings, 2 iterations of about 45 CPU s each, saving) and peaked at 3.2-5.3 GB of memory; the
-default 16 episodes are about 7 minutes of one core, less with a laptop's several cores. 16 episodes are a
+Measured on one thread of a shared AMD EPYC core (2026-12-01, chat-formatted prompts): `--episodes 4` took 158 CPU
+seconds in all (model load, the two greedy showings, 2 iterations of about 45 CPU s each, saving) and peaked at
+3.5 GB of memory (a plain-prompt run peaked at 5.3 GB); the default 16 episodes are about 7 minutes of one core,
+less with a laptop's several cores. 16 episodes are a
 demonstration, not a trained team: the score moves little in that budget (docs/models.md).
 """
 
