@@ -146,6 +146,11 @@ class VLLMBackend(GenerationBackend):
             engine.sync()
         prompts = [row[m.bool()].tolist() for row, m in zip(ids, mask)]
         outputs = engine.generate(prompts, settings, adapter_names)
+        # vLLM's "processed" log-probs are of the distribution it sampled from: after temperature, and after top-k /
+        # top-p truncation and renormalisation. The trainer's are over the whole vocabulary at the temperature, so
+        # they compare only when no truncation is on (the trainers' default); otherwise none are returned and the
+        # importance-sampling correction does not apply.
+        comparable = not settings.greedy and settings.top_p >= 1.0 and not settings.top_k
         width = max((len(o.token_ids) for o in outputs), default=0)
         tokens = torch.full((len(prompts), max(width, 1)), pad_id, dtype=ids.dtype)
         engine_lp = torch.zeros(tokens.shape, dtype=torch.float32)
@@ -155,7 +160,7 @@ class VLLMBackend(GenerationBackend):
                 engine_lp[i, : len(o.token_ids)] = torch.tensor(
                     [step[t].logprob for step, t in zip(o.logprobs, o.token_ids)], dtype=torch.float32
                 )
-        return Sampled(tokens.to(ids.device), None, engine_lp.to(ids.device))
+        return Sampled(tokens.to(ids.device), None, engine_lp.to(ids.device) if comparable else None)
 
 
 class _Engine:
@@ -189,8 +194,11 @@ class _Engine:
             kwargs["gpu_memory_utilization"] = backend.gpu_memory_utilization
         else:
             # On CPU vLLM reads gpu_memory_utilization as a share of the machine's RAM (and refuses to start when
-            # that much is not free); a fixed KV cache is what a colocated engine needs there.
-            kwargs.update(enforce_eager=True, kv_cache_memory_bytes=CPU_KV_CACHE_BYTES)
+            # that much is not free); a fixed KV cache is what a colocated engine needs there. Blocks of 32 tokens
+            # instead of the CPU default 128: prefix caching shares only whole blocks, and rollout prompts (the G
+            # samples of one prompt, a task's instructions) share prefixes shorter than 128 tokens (256 one-token
+            # samples of one 36-token prompt: 4.5 s instead of 52 s on this 2-core machine).
+            kwargs.update(enforce_eager=True, kv_cache_memory_bytes=CPU_KV_CACHE_BYTES, block_size=32)
         self._adapter_dir = None
         self._requests: dict = {}
         if lora:
