@@ -167,7 +167,6 @@ def build_trainer(config_name: str, size: str, opts, out_dir: str):
 def bare_generate(trainer, rows: list[dict], device: str) -> tuple[float, int]:
     """generate() per agent on the rollout's prompts with the rollout's kwargs; returns (seconds, new tokens)."""
     team = trainer.team
-    kwargs = trainer.generation_kwargs()
     prompts = [r["prompt"] for r in rows]
     tokens = 0
     _sync(device)
@@ -176,6 +175,7 @@ def bare_generate(trainer, rows: list[dict], device: str) -> tuple[float, int]:
         model = team.policies[a]
         model.eval()
         ids, mask = team.encode(a, prompts, trainer.accelerator.device)
+        kwargs = trainer.sampler.settings.generate_kwargs(team.pad_id(a))
         out = model.generate(input_ids=ids, attention_mask=mask, **kwargs)
         tokens += out[:, ids.shape[1] :].numel()
     _sync(device)

@@ -6,7 +6,7 @@
 Builds a MultiAgentPPOTrainer on two random-init agents from the offline factory (`--size 0.5b`: 24 layers, 1152
 hidden, ~0.48B parameters each) and times `trainer.rollout(rows)` (prompts -> both agents' completions -> rewards,
 the exact rollout a training iteration runs) at each batch size, with `generate()` and with continuous batching
-(the same team; only `team.generation_backend` changes), alternating the backends: one warm-up call each, then
+(the same team; only the sampler's backend changes), alternating the backends: one warm-up call each, then
 `--repeats` timed calls each. Answers run to the full `--response-length` (a stop token that is never sampled),
 so tokens/s = batch x agents x response_length / seconds. Writes one JSON object (and prints a table); with
 `--deadline` (a Unix time) it stops before starting a measurement it cannot finish in time, and keeps what it has.
@@ -15,6 +15,7 @@ so tokens/s = batch x agents x response_length / seconds. Writes one JSON object
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -76,7 +77,7 @@ def main():
         args=args, model=path, train_dataset=Dataset.from_dict({"prompt": rows}), reward_funcs=reward
     )
     team = trainer.team
-    backends = {"generate": GenerateBackend()}
+    backends = {"generate": GenerateBackend.from_config(args)}
     for i, config in enumerate(a.cb_config):
         backends["continuous_batching" + (f"_{i}" if i else "")] = ContinuousBatchingBackend(json.loads(config))
     result = {
@@ -92,7 +93,7 @@ def main():
     }
 
     def timed(backend: str, batch: int) -> float:
-        team.generation_backend = backends[backend]
+        trainer.sampler = dataclasses.replace(trainer.sampler, backend=backends[backend])
         _sync()
         t0 = time.perf_counter()
         roll = trainer.rollout([{"prompt": r} for r in rows[:batch]])

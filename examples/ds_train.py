@@ -21,6 +21,7 @@ Saves the team to <out>/team.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 
@@ -227,8 +228,8 @@ def main():
         ),
     )
     if not cli.sample:
-        sampled = trainer.generation_kwargs
-        trainer.generation_kwargs = lambda greedy=False: sampled(greedy=True)
+        greedy = dataclasses.replace(trainer.sampler.settings, greedy=True)
+        trainer.sampler = trainer.sampler.with_settings(greedy)
     phases, fetches, module_fetches = time_phases(trainer)
     if cli.profile and trainer.is_world_process_zero():
         import cProfile

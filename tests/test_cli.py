@@ -179,7 +179,7 @@ def test_team_json_records_generation_settings_and_eval_uses_them(trained, capsy
     base = ["eval", "--team_dir", str(trained["ppo"]), "--task", "coord-penalty", "--limit", "2"]
     assert main(base) == 0 and main([*base, "--sample"]) == 0
     assert main([*base, "--max_new_tokens", "3", "--sample", "--temperature", "0.5"]) == 0
-    assert [(s["max_new_tokens"], s["greedy"], s["temperature"]) for s in seen] == [
+    assert [(s["settings"].max_new_tokens, s["settings"].greedy, s["settings"].temperature) for s in seen] == [
         (2, True, 1.0),
         (2, False, 1.0),
         (3, False, 0.5),
@@ -187,19 +187,28 @@ def test_team_json_records_generation_settings_and_eval_uses_them(trained, capsy
     assert seen[0]["prompt_limits"] == gen["max_prompt_length"]
 
 
+def test_eval_samples_with_the_saved_top_p_top_k_and_stop_token(trained, tmp_path, monkeypatch):
+    """`eval --sample` draws with every setting team.json records, not only the length and the temperature."""
+    import shutil
+
+    from trl_collm import inference
+    from trl_collm.sampling import SamplingSettings
+
+    team_dir = tmp_path / "team"
+    shutil.copytree(trained["ppo"], team_dir)
+    desc = json.loads((team_dir / "team.json").read_text())
+    desc["generation"].update(top_p=0.9, top_k=5, stop_token_id=9)
+    (team_dir / "team.json").write_text(json.dumps(desc))
+    seen = []
+    real_play = inference.play
+    monkeypatch.setattr(inference, "play", lambda *a, **kw: seen.append(kw["settings"]) or real_play(*a, **kw))
+    assert main(["eval", "--team_dir", str(team_dir), "--task", "coord-penalty", "--limit", "2", "--sample"]) == 0
+    assert seen == [SamplingSettings(max_new_tokens=2, temperature=1.0, top_p=0.9, top_k=5, stop_token_ids=(9,))]
+
+
 def test_eval_refuses_a_coordination_team_on_the_building_game(trained, capsys):
     err = _one_line_error(capsys, ["eval", "--team_dir", str(trained["ppo"]), "--task", "building-str"])
     assert "['player_1', 'player_2']" in err and "building-str" in err
-
-
-def test_learning_curve_title_names_the_critic():
-    from trl_collm.plotting import curve_title
-
-    assert curve_title("coord-penalty", "ppo", "centralized") == "coord-penalty: ppo (CoLLM-CC, centralized critic)"
-    assert (
-        curve_title("coord-penalty", "ppo", "decentralized") == "coord-penalty: ppo (CoLLM-DC, decentralized critics)"
-    )
-    assert curve_title("coord-penalty", "mc", None) == "coord-penalty: mc (no critic)"
 
 
 def test_play_prints_both_agents_prompts_and_answers(trained, capsys):

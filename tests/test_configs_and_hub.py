@@ -186,6 +186,7 @@ def test_push_without_critic_and_load_team_round_trip(tmp_path, monkeypatch):
     from peft import LoraConfig
 
     from trl_collm.inference import load_team, play
+    from trl_collm.sampling import SamplingSettings
     from trl_collm.tasks import get_task
     from trl_collm.testing import tiny_model_dir
 
@@ -246,5 +247,6 @@ def test_push_without_critic_and_load_team_round_trip(tmp_path, monkeypatch):
     for name, p in team.shared_base.named_parameters():
         if "lora_B" in name:
             assert torch.allclose(p, live[name].cpu()), name
-    transcripts = play(team, task.make_env(), [task.load_dataset("eval")[0]], num_turns=1, max_new_tokens=2)
+    settings = SamplingSettings(max_new_tokens=2, greedy=True)
+    transcripts = play(team, task.make_env(), [task.load_dataset("eval")[0]], num_turns=1, settings=settings)
     assert set(transcripts[0]["turns"][0]["agents"]) == set(task.agent_names)

@@ -86,6 +86,24 @@ def test_a_registered_critic_type_builds_its_views_and_trains(
     assert desc["critic"]["type"] == "own_plus_messages"
     assert sorted(desc["critic"]["units"]) == NAMES
 
+    # The card describes the registered layout by its own name and docstring, not as a built-in one or critic-free.
+    tr.create_model_card(model_name="t")
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert "'own_plus_messages' critic type: One critic per agent" in card
+    assert "Monte-Carlo" not in card and "CoLLM-DC" not in card
+    assert OwnPlusMessagesCritic.describe_layout()[0] == "own_plus_messages critic"
+
+
+def test_built_in_layouts_describe_themselves_for_cards_and_plots():
+    from trl_collm.critics import CentralizedCritic
+    from trl_collm.plotting import curve_title
+
+    assert CentralizedCritic.describe_layout()[0] == "CoLLM-CC, centralized critic"
+    assert DecentralizedCritic.describe_layout()[1].startswith("CoLLM-DC: ")
+    title = curve_title("coord-penalty", "ppo", DecentralizedCritic.describe_layout()[0])
+    assert title == "coord-penalty: ppo (CoLLM-DC, decentralized critics)"
+    assert curve_title("coord-penalty", "mc", None) == "coord-penalty: mc (no critic)"
+
 
 def test_an_unregistered_critic_type_is_rejected_by_the_config(tmp_path, make_config):
     with pytest.raises(ValueError, match="`critic_type`='own_plus_messages' is not valid"):

@@ -8,6 +8,7 @@ does not import deepspeed.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -17,11 +18,8 @@ import torch
 from datasets import Dataset
 from peft import LoraConfig
 
-from trl_collm.generation import (
-    ContinuousBatchingBackend,
-    GenerateBackend,
-    make_backend,
-)
+from trl_collm.generation import ContinuousBatchingBackend, GenerateBackend
+from trl_collm.sampling import SamplingSettings, make_backend
 
 # A small paged cache: transformers would otherwise size it from the machine's free RAM.
 CB_CONFIG = {"page_size": 16}
@@ -77,15 +75,15 @@ def _distinct_lora(team):
 def test_greedy_continuous_batching_equals_generate(tmp_path, qwen_path, lora):
     trainer = _trainer(tmp_path, qwen_path, cb=True, lora=lora)
     team = trainer.team
-    assert isinstance(team.generation_backend, ContinuousBatchingBackend)
+    assert isinstance(trainer.sampler.backend, ContinuousBatchingBackend)
     if lora:
         _distinct_lora(team)
     trainer.model.eval()
     observations = {a: [p + f" {a}" for p in PROMPTS] for a in team.names}
-    kwargs = trainer.generation_kwargs(greedy=True)
-    cb = team.generate(observations, "cpu", kwargs)
-    team.generation_backend = GenerateBackend()
-    plain = team.generate(observations, "cpu", kwargs)
+    sampler = trainer.sampler_for_step(greedy=True)
+    cb = sampler(observations)
+    plain_sampler = dataclasses.replace(sampler, backend=GenerateBackend())
+    plain = plain_sampler(observations)
     a, b = team.names
     assert not torch.equal(plain[a].response_ids, plain[b].response_ids)  # the agents answer differently
     for name in team.names:
@@ -96,11 +94,9 @@ def test_greedy_continuous_batching_equals_generate(tmp_path, qwen_path, lora):
 
     # A stop token that greedy decoding produces mid-answer: both backends stop there and mask the rest.
     response = plain[a].response_ids[0]
-    stop = int(response[2])
-    kwargs = dict(kwargs, eos_token_id=stop)
-    plain = team.generate(observations, "cpu", kwargs, stop_token_id=stop)
-    team.generation_backend = make_backend(trainer.args)
-    cb = team.generate(observations, "cpu", kwargs, stop_token_id=stop)
+    stop = dataclasses.replace(sampler.settings, stop_token_ids=(int(response[2]),))
+    plain = plain_sampler.with_settings(stop)(observations)
+    cb = sampler.with_settings(stop)(observations)
     assert bool(plain[a].ended[0]) and int(plain[a].response_mask[0].sum()) <= 3
     for name in team.names:
         for field in ("response_ids", "response_mask", "ended"):
@@ -136,21 +132,13 @@ def test_sampled_first_tokens_follow_the_sampling_distribution(tiny_lm):
     n, temperature, top_k = 2000, 0.5, 6
     ids = prompt.expand(n, -1).contiguous()
     mask = torch.ones_like(ids)
-    kwargs = {
-        "max_new_tokens": 1,
-        "do_sample": True,
-        "temperature": temperature,
-        "top_k": top_k,
-        "top_p": 1.0,
-        "pad_token_id": tok.pad_token_id,
-    }
+    settings = SamplingSettings(max_new_tokens=1, temperature=temperature, top_k=top_k)
     probs = _first_token_probs(model, prompt, temperature, top_k)
     wrong = _first_token_probs(model, prompt, 1.0, top_k)
     assert float((probs - wrong).abs().sum()) > 0.2  # the two distributions are far enough apart to tell
     torch.manual_seed(0)
-    for backend in (GenerateBackend(), ContinuousBatchingBackend(CB_CONFIG)):
-        out = backend.generate(model, ids, mask, kwargs, batch_size=500)
-        first = out[:, ids.shape[1]]
+    for backend in (GenerateBackend(batch_size=500), ContinuousBatchingBackend(CB_CONFIG)):
+        first = backend.generate(model, ids, mask, settings, pad_id=tok.pad_token_id).tokens[:, 0]
         counts = torch.bincount(first, minlength=probs.numel())
         assert _chi_square_p(counts, probs) > 1e-3, backend.name
         assert _chi_square_p(counts, wrong) < 1e-6, backend.name
@@ -195,27 +183,19 @@ def test_training_runs_on_continuous_batching(tmp_path, qwen_path, trainer_kind,
     assert history and all(torch.isfinite(torch.tensor(float(h["loss/policy_avg"]))) for h in history)
 
 
-def test_continuous_batching_refuses_settings_it_would_drop(tiny_lm):
+def test_continuous_batching_refuses_what_it_cannot_do(tiny_lm):
     model, tok = tiny_lm
     ids = tok("red wool", return_tensors="pt")["input_ids"]
-    with pytest.raises(ValueError, match="repetition_penalty"):
-        ContinuousBatchingBackend(CB_CONFIG).generate(
-            model, ids, torch.ones_like(ids), {"max_new_tokens": 2, "pad_token_id": 0, "repetition_penalty": 1.3}
-        )
     with pytest.raises(ValueError, match="transformers_continuous_batching_config has unknown keys"):
         ContinuousBatchingBackend({"pages": 3})
     # ZeRO-3 lockstep decoding (generate()'s synced_gpus=True) cannot be honoured; False is what it does anyway
+    greedy = SamplingSettings(max_new_tokens=2, greedy=True)
     with pytest.raises(ValueError, match="lockstep"):
-        ContinuousBatchingBackend(CB_CONFIG).generate(
-            model, ids, torch.ones_like(ids), {"max_new_tokens": 2, "pad_token_id": 0, "synced_gpus": True}
-        )
+        ContinuousBatchingBackend(CB_CONFIG).generate(model, ids, torch.ones_like(ids), greedy, pad_id=0, lockstep=True)
     out = ContinuousBatchingBackend(CB_CONFIG).generate(
-        model,
-        ids,
-        torch.ones_like(ids),
-        {"max_new_tokens": 2, "pad_token_id": 0, "do_sample": False, "synced_gpus": False},
+        model, ids, torch.ones_like(ids), greedy, pad_id=0, lockstep=False
     )
-    assert out.shape == (1, ids.shape[1] + 2)
+    assert out.tokens.shape == (1, 2) and out.logprobs is None
 
 
 def test_building_a_trainer_does_not_import_deepspeed(tmp_path, qwen_path):
@@ -279,19 +259,23 @@ def test_continuous_batching_keeps_its_manager_between_calls(tiny_lm, monkeypatc
     monkeypatch.setattr(ContinuousBatchingManager, "__init__", counting_init)
     backend = ContinuousBatchingBackend(CB_CONFIG)
     short = tok(["red wool", "blue wool"], return_tensors="pt", padding=True)
-    greedy = {"max_new_tokens": 4, "pad_token_id": tok.pad_token_id, "do_sample": False}
-    first = backend.generate(model, short["input_ids"], short["attention_mask"], greedy)
-    second = backend.generate(model, short["input_ids"], short["attention_mask"], greedy)
+    pad = dict(pad_id=tok.pad_token_id)
+
+    def call(backend, settings):
+        return backend.generate(model, short["input_ids"], short["attention_mask"], settings, **pad).tokens
+
+    greedy = SamplingSettings(max_new_tokens=4, greedy=True)
+    first = call(backend, greedy)
+    second = call(backend, greedy)
     assert len(built) == 1 and torch.equal(first, second)
-    plain = GenerateBackend().generate(model, short["input_ids"], short["attention_mask"], greedy)
-    assert torch.equal(second, plain)
+    assert torch.equal(second, call(GenerateBackend(), greedy))
     # other settings: a new manager (the old one is freed)
-    backend.generate(model, short["input_ids"], short["attention_mask"], dict(greedy, do_sample=True, top_k=5))
+    call(backend, SamplingSettings(max_new_tokens=4, top_k=5))
     assert len(built) == 2
     # a longer answer than the manager was built for: rebuilt; then the same call again reuses it
-    longer = dict(greedy, do_sample=True, top_k=5, max_new_tokens=12)
-    backend.generate(model, short["input_ids"], short["attention_mask"], longer)
-    backend.generate(model, short["input_ids"], short["attention_mask"], longer)
+    longer = SamplingSettings(max_new_tokens=12, top_k=5)
+    call(backend, longer)
+    call(backend, longer)
     assert len(built) == 3
     assert len(backend._managers) == 1
     backend.close()
@@ -328,7 +312,7 @@ def test_old_logprobs_come_from_the_sampler(tmp_path, qwen_path, lora):
     team = trainer.team
     if lora:
         _distinct_lora(team)
-    assert team.sampler_logprob_temperature == 0.7
+    assert trainer.sampler.logprob_temperature == 0.7
     trainer.model.eval()
     roll = trainer.rollout([{"prompt": p} for p in PROMPTS[:4]])
     calls, scored = _scoring_policy_forwards(trainer, roll)
@@ -347,7 +331,8 @@ def test_old_logprobs_come_from_the_sampler(tmp_path, qwen_path, lora):
         inner = model.get_base_model() if hasattr(model, "get_base_model") else model
         inner.generation_config.repetition_penalty = 1.3
     assert not trainer._old_logprobs_from_sampler()
-    team.sampler_logprob_temperature = None  # what the trainer sets up for such a team
+    trainer.sampler = trainer.build_sampler()  # what the trainer builds for such a team
+    assert trainer.sampler.logprob_temperature is None
     roll = trainer.rollout([{"prompt": p} for p in PROMPTS[:4]])
     calls, _ = _scoring_policy_forwards(trainer, roll)
     assert len(calls) == len(team.names) * roll.num_turns * 2  # 4 rows in chunks of 3

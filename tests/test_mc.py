@@ -11,24 +11,25 @@ from transformers import AutoModelForCausalLM
 
 from trl_collm import MultiAgentEnv, MultiAgentMCConfig, MultiAgentMCTrainer, RewardFunctionEnv, StepResult
 from trl_collm.rollout import AgentTurn, SampleTree, run_cross, run_tree
-from trl_collm.team import Generation
+from trl_collm.sampling import Generation
 from trl_collm.testing import build_tokenizer
 
 from toy import ConstantPolicy, generation, reinforce_step
 
 
 class ScriptedTeam:
-    """Stands in for AgentTeam in the runners: each generate() call pops the next scripted texts per agent."""
+    """Stands in for the Sampler (and its team) in the runners: each call pops the next scripted texts per agent."""
 
     def __init__(self, names, script):
         self.names = names
         self.script = list(script)  # one dict agent -> list of texts per generate() call
         self.prompts_seen = []
+        self.team = self
 
     def decode_observation(self, name, obs):
         return obs
 
-    def generate(self, prompts, device, gen_kwargs, stop_token_id=None, batch_size=None, unwrap=None):
+    def __call__(self, prompts):
         texts = self.script.pop(0)
         self.prompts_seen.append(prompts)
         out = {}
@@ -60,7 +61,7 @@ class SumEnv(MultiAgentEnv):
 
 def _tree(script, **kw):
     team = ScriptedTeam(["a", "b"], script)
-    return run_tree(team, SumEnv(), [{"prompt": "p"}], 2, 2, kw.pop("expansion", "tree"), "cpu", {}, **kw), team
+    return run_tree(team, SumEnv(), [{"prompt": "p"}], 2, 2, kw.pop("expansion", "tree"), **kw), team
 
 
 def test_tree_returns_and_group_advantages_by_hand(tmp_path):
@@ -116,7 +117,7 @@ def test_per_branch_expansion_costs_g_times_t():
 def test_cross_mode_credits_each_sample_with_its_combinations():
     team = ScriptedTeam(["a", "b"], [{"a": ["1", "3"], "b": ["0", "2"]}])
     env = RewardFunctionEnv(lambda prompts, completions, **k: [float(x) + float(y) for x, y in completions])
-    tree = run_cross(team, env, [{"prompt": "p"}], 2, 16, "cpu", {}, torch.Generator().manual_seed(0))
+    tree = run_cross(team, env, [{"prompt": "p"}], 2, 16, torch.Generator().manual_seed(0))
     # combos (a, b): (1,0)=1, (1,2)=3, (3,0)=3, (3,2)=5
     # -> a0: mean(1,3)=2, a1: mean(3,5)=4; b0: mean(1,3)=2, b1: mean(3,5)=4
     assert torch.allclose(tree.rewards[0], torch.tensor([[2.0, 2.0], [4.0, 4.0]]))
@@ -124,7 +125,7 @@ def test_cross_mode_credits_each_sample_with_its_combinations():
     # capped at 2 of the 4 combinations (drawn without replacement from the seeded generator): a sample's credit is
     # the mean over the drawn combinations it is in; a sample in none is masked out.
     team = ScriptedTeam(["a", "b"], [{"a": ["1", "3"], "b": ["0", "2"]}])
-    tree = run_cross(team, env, [{"prompt": "p"}], 2, 2, "cpu", {}, torch.Generator().manual_seed(0))
+    tree = run_cross(team, env, [{"prompt": "p"}], 2, 2, torch.Generator().manual_seed(0))
     drawn = [(f // 2, f % 2) for f in torch.randperm(4, generator=torch.Generator().manual_seed(0))[:2].tolist()]
     table = {(0, 0): 1.0, (0, 1): 3.0, (1, 0): 3.0, (1, 1): 5.0}
     for agent in range(2):

@@ -362,6 +362,8 @@ def test_mixed_adapter_generation_shares_a_head_only_within_an_adapter(tmp_path,
     from peft import LoraConfig
 
     from trl_collm import MultiAgentPPOConfig, MultiAgentPPOTrainer
+    from trl_collm.generation import GenerateBackend
+    from trl_collm.sampling import Sampler, SamplingSettings
 
     args = MultiAgentPPOConfig(
         output_dir=str(tmp_path / "o"), num_agents=2, response_length=5, per_device_train_batch_size=4, **RUN_SETTINGS
@@ -383,16 +385,13 @@ def test_mixed_adapter_generation_shares_a_head_only_within_an_adapter(tmp_path,
                 param.normal_(0.0, 0.5)
     same_prompts = [LONG + p for p in PROMPTS] * 2  # every agent sees the same 8 prompts (each one twice)
     observations = {a: list(same_prompts) for a in team.names}
-    tok = team.tokenizers[team.names[0]]
-    kwargs = dict(max_new_tokens=5, min_new_tokens=5, do_sample=False, pad_token_id=tok.pad_token_id)
+    settings = SamplingSettings(max_new_tokens=5, greedy=True)
 
-    team.share_prefix = False
-    plain = team.generate(observations, "cpu", kwargs)
+    plain = Sampler(team, GenerateBackend(share_prefix=False), settings)(observations)
     splits = []
     plain_split = prefix.plan_split
     monkeypatch.setattr(prefix, "plan_split", lambda *a, **k: splits.append(plain_split(*a, **k)) or splits[-1])
-    team.share_prefix = True
-    shared = team.generate(observations, "cpu", kwargs)
+    shared = Sampler(team, GenerateBackend(share_prefix=True), settings)(observations)
 
     a, b = team.names
     assert not torch.equal(plain[a].response_ids, plain[b].response_ids)  # the adapters answer differently

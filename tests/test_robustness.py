@@ -380,7 +380,7 @@ def test_pad_equal_to_eos_keeps_the_eos_in_the_action(tmp_path, make_config, pro
     assert tok.pad_token_id == tok.eos_token_id
     eos, a, b = tok.eos_token_id, 40, 41
     q_ids, q_mask = tr.team.encode("policy", ["hello there"], "cpu")
-    gen = tr.team._finish("policy", q_ids, q_mask, torch.tensor([[a, b, eos, eos, eos]]), None)
+    gen = tr.sampler._finish("policy", q_ids, q_mask, torch.tensor([[a, b, eos, eos, eos]]), None)
     assert gen.response_mask.tolist() == [[True, True, True, False, False]]
     assert bool(gen.ended[0])
     tr.train()  # and a whole run works with it

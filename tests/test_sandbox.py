@@ -3,9 +3,11 @@ the explicit opt-out. The attacks are in test_sandbox_attacks.py."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import struct
+import sys
 import textwrap
 
 import pytest
@@ -98,6 +100,35 @@ def test_codec_depth_limit_and_bad_input():
             codec.loads(bad)
 
 
+def test_codec_refuses_sets_and_dicts_whose_hashes_repeat():
+    """Building a set of n elements of one hash costs n * n / 2 comparisons in one C call: a forged reply must
+    be refused in linear time, honest values with a few repeated hashes (-1 and -2 hash alike) still decode."""
+    m = 2**61 - 1  # its multiples all hash to 0
+    assert codec.decode({"t": "set", "v": [-1, -2, m, 2 * m]}) == {-1, -2, m, 2 * m}
+    few = [k * m for k in range(1, codec.MAX_HASH_REPEATS + 2)]  # exactly MAX_HASH_REPEATS repeats: allowed
+    assert len(codec.decode({"t": "frozenset", "v": few})) == len(few)
+    many = [k * m for k in range(1, 30001)]
+    for data in ({"t": "set", "v": many}, {"t": "dict", "v": [[k, 0] for k in many]}):
+        with pytest.raises(ValueError, match=r"29999 of 30000 set elements or dict keys repeat a hash"):
+            codec.decode(data)
+
+
+def test_send_to_a_child_that_never_reads_stops_at_the_deadline():
+    """A pipe holds 64 KiB: writing more to a child that never reads used to block the host forever."""
+    import time
+
+    from trl_collm.sandbox.process import EOF, TIMEOUT, Child
+
+    child = Child([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        begin = time.monotonic()
+        assert child.send(b"x" * (4 << 20), begin + 0.5) == TIMEOUT
+        assert time.monotonic() - begin < 30  # returned at its deadline, not after the child's minute
+    finally:
+        child.kill()
+    assert child.send(b"x", time.monotonic() + 1) == EOF  # a closed pipe: the child is gone
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # the seccomp filter
 # ---------------------------------------------------------------------------------------------------------------
@@ -125,14 +156,16 @@ def test_normal_code_runs_isolated():
         import json, os, threading
         with open("/tmp/scratch.txt", "w") as f:   # the private /tmp is writable
             f.write("ok")
-        t = threading.Thread(target=print, args=("from a thread",))
-        t.start(); t.join()
+        try:                                        # threads are refused: each would take a host PID
+            threading.Thread(target=print, args=("from a thread",)).start()
+        except RuntimeError as err:
+            print("no thread:", err)
         print(json.dumps({"read": open("/tmp/scratch.txt").read(), "pid": os.getpid(), "uid": os.getuid(),
                           "env": sorted(os.environ), "root": sorted(os.listdir("/"))}))
     """)
     assert r.ok and r.returncode == 0 and not r.timed_out and r.killed_reason is None, r
     lines = r.stdout.splitlines()
-    assert lines[0] == "from a thread"
+    assert lines[0] == "no thread: can't start new thread"
     info = __import__("json").loads(lines[1])
     assert info["read"] == "ok" and info["pid"] == 1 and info["uid"] == bwrap.SANDBOX_UID
     assert info["env"] == ["HOME", "LANG", "PATH", "PWD"]
@@ -430,3 +463,26 @@ def test_a_sandbox_that_fails_to_start_is_loud(monkeypatch, tmp_path):
     finally:
         monkeypatch.undo()
         sandbox.shutdown()  # the pool may have started fakes meanwhile
+
+
+@needs_sandbox
+def test_a_runner_that_cannot_finish_the_sandbox_is_loud(monkeypatch):
+    """The runner's set-up (inode caps, dropping capabilities, the whole seccomp filter) failing raises instead of
+    scoring the attempt 0, and the code never runs: here the filter it is given is empty, which the kernel refuses."""
+    real = bwrap._runner_config
+
+    def broken(limits):
+        config = json.loads(real(limits))
+        config["harden"]["seccomp_filter"] = ""
+        return json.dumps(config)
+
+    sandbox.shutdown()  # no warm sandbox with the real set-up
+    monkeypatch.setattr(bwrap, "_runner_config", broken)
+    try:
+        with pytest.raises(SandboxUnavailable, match="sandbox set-up: loading the seccomp filter failed"):
+            run_tests("def f():\n    return 1\n", ["assert f() == 1"], entry_point="f")
+        r = run("print('ran')")
+        assert "ran" not in r.stdout and "sandbox set-up: loading the seccomp filter failed" in r.stderr
+    finally:
+        monkeypatch.undo()
+        sandbox.shutdown()

@@ -251,3 +251,19 @@ def test_tiny_model_dir_uses_env_cache(tmp_path, monkeypatch):
     assert os.path.isfile(os.path.join(path, "config.json"))
     assert AutoModelForCausalLM.from_pretrained(path).config.model_type == "gpt2"
     assert tiny_model_dir("tiny-gpt2", arch="gpt2") == path
+
+
+def test_importing_the_library_leaves_the_environment_alone():
+    # A library import must not change the user's environment (the test-suite's conftest sets HF_HUB_OFFLINE itself).
+    import subprocess
+    import sys
+
+    code = (
+        "import os; before = dict(os.environ); "
+        "import trl_collm, trl_collm.testing, trl_collm.warmstart, trl_collm.cli, trl_collm.models; "
+        "changed = sorted(k for k in set(before) | set(os.environ) if before.get(k) != os.environ.get(k)); "
+        "print(changed)"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.strip().splitlines()[-1] == "[]"

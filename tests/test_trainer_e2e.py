@@ -270,12 +270,13 @@ def test_shared_base_mixed_adapter_generation_matches_per_adapter(tmp_path, make
                 p.copy_(torch.randn(p.shape, generator=gen) * 2.0)
     team.shared_base.eval()
     prompts = ["count one and", "the team writes the plan and", "two plus three is"]  # different lengths
-    kwargs = tr.generation_kwargs(greedy=True)
+    sampler = tr.sampler_for_step(greedy=True)
+    kwargs = sampler.settings.generate_kwargs(team.pad_id(team.names[0]))
     assert kwargs["do_sample"] is False
-    joint = team.generate({a: prompts for a in team.names}, "cpu", kwargs)
+    joint = sampler({a: prompts for a in team.names})
     texts = {}
     for a in team.names:
-        alone = team.generate({a: prompts}, "cpu", kwargs)[a]
+        alone = sampler({a: prompts})[a]
         # Reference: PEFT with only this adapter active and no per-row routing.
         ids, mask = team.encode(a, prompts, "cpu")
         with team.active(a) as m:

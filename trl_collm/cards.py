@@ -9,11 +9,7 @@ import re
 PAPER = "Liu, Chen, Amiri, Amato: CoLLM, multi-agent actor-critic for decentralized LLM collaboration (ICML 2026)"
 PAPER_URL = "https://arxiv.org/abs/2601.21972"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
-_ALGORITHMS = {
-    "centralized": "CoLLM-CC: PPO-style actors with one centralized critic that reads every agent's history",
-    "decentralized": "CoLLM-DC: PPO-style actors with one decentralized critic per agent (its own history only)",
-    None: "Monte-Carlo, critic-free (MAGRPO-style): group-mean baselines over sampled answers",
-}
+_CRITIC_FREE = "Monte-Carlo, critic-free (MAGRPO-style): group-mean baselines over sampled answers"
 
 
 def _short(text: str, limit: int = 400) -> str:
@@ -56,7 +52,9 @@ def card_facts(
         or os.path.basename(os.path.normpath(args.output_dir))
     )
     tags = [tags] if isinstance(tags, str) else list(tags or [])
-    critic = desc.get("critic", {}).get("type")
+    # The critic layout describes itself (a user-registered critic type too); a team without one is the MC baseline.
+    critic = getattr(trainer, "critic", None)
+    summary = critic.describe_layout()[1] if critic is not None else _CRITIC_FREE
     return dict(
         desc,
         model_name=name,
@@ -66,7 +64,7 @@ def card_facts(
         task_name=task,
         task=trainer._task_facts(),
         algorithm=trainer._algorithm_facts(),
-        algorithm_summary=_ALGORITHMS.get(critic, _ALGORITHMS[None]),
+        algorithm_summary=summary,
         base_models=base_models(trainer),
         metrics=trainer.metrics_history[-1] if trainer.metrics_history else {},
     )

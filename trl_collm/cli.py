@@ -249,7 +249,9 @@ def train(kind: str, argv: list[str]) -> str:
     if task_args.plot and trainer.is_world_process_zero():
         from .plotting import curve_title
 
-        critic = trainer.critic.name if trainer.critic is not None else None  # the layout's registry key
+        critic = (
+            trainer.critic.describe_layout()[0] if trainer.critic is not None else None
+        )  # as the layout names itself
         write_curve(trainer.metrics_history, args.output_dir, curve_title(task.name, kind, critic))
     if trainer.is_world_process_zero():
         print(f"saved the team and its card (README.md) to {args.output_dir}")

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-_CRITICS = {"centralized": "CoLLM-CC, centralized critic", "decentralized": "CoLLM-DC, decentralized critics"}
 
-
-def curve_title(task: str, kind: str, critic_type: str | None) -> str:
-    """e.g. 'coord-penalty: ppo (CoLLM-CC, centralized critic)', 'coord-penalty: mc (no critic)'."""
-    what = _CRITICS.get(critic_type, f"{critic_type} critic") if critic_type else "no critic"
-    return f"{task}: {kind} ({what})"
+def curve_title(task: str, kind: str, critic_title: str | None) -> str:
+    """e.g. 'coord-penalty: ppo (CoLLM-CC, centralized critic)', 'coord-penalty: mc (no critic)'; `critic_title` is
+    what the critic layout says of itself (`TeamCritic.describe()`), None without a critic."""
+    return f"{task}: {kind} ({critic_title or 'no critic'})"
 
 
 def plot_learning_curve(

@@ -290,6 +290,10 @@ class Sampler:
     def _finish(self, name, query_ids, query_mask, response_ids, logprobs=None, engine_logprobs=None) -> Generation:
         tok = self.team.tokenizers[name]
         stops = self.settings.stop_token_ids or (tok.eos_token_id,)
+        if None in stops:
+            raise ValueError(
+                f"agent {name!r}'s tokenizer has no eos_token; set `stop_token_id` to the id that ends an answer."
+            )
         is_stop = torch.isin(response_ids, torch.tensor(stops, device=response_ids.device))
         # Everything after the first stop token is padding; the stop token itself belongs to the action.
         after_stop = (is_stop.long().cumsum(-1) - is_stop.long()) > 0

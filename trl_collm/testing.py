@@ -11,13 +11,8 @@ that only exists in memory would break those code paths.
 
 from __future__ import annotations
 
-import os
-
-# Must be set before transformers/huggingface_hub read their env configuration, so that any
-# accidental Hub lookup fails fast instead of hanging on a network that is not there.
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
 import json
+import os
 import shutil
 import tempfile
 from pathlib import Path

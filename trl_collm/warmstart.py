@@ -21,14 +21,11 @@ the valid-command rate.
 
 from __future__ import annotations
 
-import os
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
 import argparse
 import hashlib
 import json
 import math
+import os
 import random
 import shutil
 import tempfile

@@ -22,8 +22,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 
-def proc_table() -> dict[int, tuple[int, int, int]]:
-    """pid -> (ppid, start time, rss pages) of every process now (ignores the ones that vanish meanwhile)."""
+def proc_table() -> dict[int, tuple[int, int, int, int]]:
+    """pid -> (ppid, start time, rss pages, threads) of every process now (ignores the ones that vanish
+    meanwhile)."""
     table = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -34,13 +35,13 @@ def proc_table() -> dict[int, tuple[int, int, int]]:
         except OSError:
             continue
         fields = data[data.rfind(b")") + 2 :].split()
-        table[int(entry)] = (int(fields[1]), int(fields[19]), int(fields[21]))
+        table[int(entry)] = (int(fields[1]), int(fields[19]), int(fields[21]), int(fields[17]))
     return table
 
 
 def descendants(table, root: int) -> set[int]:
     children: dict[int, list[int]] = {}
-    for pid, (ppid, _, _) in table.items():
+    for pid, (ppid, *_) in table.items():
         children.setdefault(ppid, []).append(pid)
     out, stack = set(), [root]
     while stack:
@@ -52,13 +53,15 @@ def descendants(table, root: int) -> set[int]:
 
 
 class Watcher(threading.Thread):
-    """Records every (pid, start time) below this process, and the peak summed RSS while ``measuring``."""
+    """Records every (pid, start time) below this process, and while ``measuring`` the peak summed RSS and the
+    peak number of tasks (each thread is a task, and takes a host PID)."""
 
     def __init__(self, exclude: set[int]):
         super().__init__(daemon=True)
         self.seen: set[tuple[int, int]] = set()
         self.exclude = exclude
         self.peak_kib = 0
+        self.peak_tasks = 0
         self.measuring = False
         self.stop = False
         self.page_kib = os.sysconf("SC_PAGE_SIZE") // 1024
@@ -73,6 +76,7 @@ class Watcher(threading.Thread):
             if self.measuring:
                 total = sum(table[p][2] for p in below if p in table) * self.page_kib
                 self.peak_kib = max(self.peak_kib, total)
+                self.peak_tasks = max(self.peak_tasks, sum(table[p][3] for p in below if p in table))
             time.sleep(0.005)
 
 
@@ -135,11 +139,13 @@ def main() -> None:
         for s, out in zip(phases[0], pool.map(lambda s: run_sample(sandbox, s), phases[0])):
             results["samples"][s["id"]] = out
     for s in phases[1]:
-        watcher.peak_kib, watcher.measuring = 0, bool(s.get("measure_memory"))
+        watcher.peak_kib, watcher.peak_tasks = 0, 0
+        watcher.measuring = bool(s.get("measure_memory") or s.get("measure_tasks"))
         time.sleep(0.02)
         out = run_sample(sandbox, s)
         watcher.measuring = False
         out["peak_rss_mb"] = watcher.peak_kib / 1024
+        out["peak_tasks"] = watcher.peak_tasks
         results["samples"][s["id"]] = out
     pairs: dict[str, list[dict]] = {}
     for s in phases[2]:

@@ -74,6 +74,22 @@ class TeamCritic(nn.Module):
     """All critic units of a run, keyed by unit key, and the layout that says what each reads."""
 
     name = ""  # the `critic_type` this layout registers under
+    # How model cards and plot titles name the layout: each layout class says it for itself, so cards.py and
+    # plotting.py keep no table of critic names. Read from the class's own namespace: a registered subclass that sets
+    # neither is described by its name and docstring, never with its parent's words.
+    title = ""  # short, for plot titles: "CoLLM-CC, centralized critic"
+    summary = ""  # one sentence, for the model card
+
+    @classmethod
+    def describe_layout(cls) -> tuple[str, str]:
+        """(title, summary) of this layout, for plots and model cards."""
+        own = vars(cls)
+        doc = " ".join((cls.__doc__ or "").split(".")[0].split())
+        title = own.get("title") or f"{cls.name} critic"
+        summary = own.get("summary") or f"PPO-style actors with the {cls.name!r} critic type" + (
+            f": {doc}" if doc else ""
+        )
+        return title, summary
 
     def __init__(self, agent_names: list[str], args, token_level: bool):
         super().__init__()
@@ -201,6 +217,8 @@ class DecentralizedCritic(TeamCritic):
     """CoLLM-DC: one unit per agent; agent i's unit reads only agent i's own context (`decentralized_view`)."""
 
     name = "decentralized"
+    title = "CoLLM-DC, decentralized critics"
+    summary = "CoLLM-DC: PPO-style actors with one decentralized critic per agent (its own history only)"
 
     def unit_keys(self) -> list[str]:
         return list(self.agent_names)
@@ -225,6 +243,8 @@ class CentralizedCritic(TeamCritic):
     view tagged by the agent it values."""
 
     name = "centralized"
+    title = "CoLLM-CC, centralized critic"
+    summary = "CoLLM-CC: PPO-style actors with one centralized critic that reads every agent's history"
     _KEY = "central"  # the one unit's key (and its name in team.json)
 
     def __init__(self, agent_names: list[str], args, token_level: bool):

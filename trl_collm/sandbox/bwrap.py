@@ -2,10 +2,12 @@
 
 Each sandbox is a fresh ``bwrap`` (https://github.com/containers/bubblewrap) with every namespace it supports (user,
 PID, network, IPC, UTS, cgroup, mount), nothing of the host but read-only views of the system libraries
-(``/usr/lib*``) and the interpreter's installation, private size-capped ``tmpfs`` mounts at ``/tmp`` and
-``/dev/shm`` (everything else is read-only), a cleared environment, no capabilities, no further user namespaces, a
-new session (no terminal injection), ``--die-with-parent``, and the seccomp filter of ``seccomp.py``. Why bubblewrap
-and not nsjail or firejail: docs/security.md.
+(``/usr/lib*``) and the interpreter's installation, private ``tmpfs`` mounts at ``/tmp`` and ``/dev/shm`` capped in
+size and in inodes (everything else is read-only), a cleared environment, a new session (no terminal injection),
+``--die-with-parent``, and the seccomp filter of ``seccomp.py``. The runner starts with ``CAP_SYS_ADMIN`` in the
+sandbox's own user namespace, only to set the inode caps, and drops every capability and loads the whole filter
+before it reads the solution (``runner.py``). No further user namespace can be made: ``clone``, ``clone3`` and
+``unshare`` are refused. Why bubblewrap and not nsjail or firejail: docs/security.md.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ USERNS_HINT = (
     "with `--security-opt seccomp=unconfined` or `--privileged`); see docs/security.md"
 )
 SANDBOX_UID = 65534  # "nobody" inside the sandbox's user namespace
+# What bubblewrap's filter lets through for the runner's set-up (the runner then loads the whole filter on top).
+SETUP_SYSCALLS = ("mount",)
 
 
 class SandboxUnavailable(RuntimeError):
@@ -54,9 +58,10 @@ class Limits:
     shm_mb: int = 4  # size of the private /dev/shm tmpfs
     cpu_seconds: int = 30  # RLIMIT_CPU
     open_files: int = 64  # RLIMIT_NOFILE
+    inodes: int = 1024  # files, directories and links in each of the two tmpfs mounts (nr_inodes)
 
     def __post_init__(self):
-        for name in ("memory_mb", "tmp_mb", "shm_mb", "cpu_seconds", "open_files"):
+        for name in ("memory_mb", "tmp_mb", "shm_mb", "cpu_seconds", "open_files", "inodes"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"sandbox Limits: {name} must be a positive int, got {value!r}.")
@@ -133,13 +138,16 @@ def command(limits: Limits, *, seccomp_fd: int | None, info_fd: int | None = Non
         bwrap,
         "--unshare-all",
         "--unshare-user",
-        "--disable-userns",
         "--die-with-parent",
         "--new-session",
         "--as-pid-1",
         "--clearenv",
         "--cap-drop",
         "ALL",
+        # For the runner's remount of the tmpfs mounts only (runner._harden); bwrap's --disable-userns would put
+        # the runner in a nested user namespace, without this right over the mounts.
+        "--cap-add",
+        "CAP_SYS_ADMIN",
         "--uid",
         str(SANDBOX_UID),
         "--gid",
@@ -149,9 +157,14 @@ def command(limits: Limits, *, seccomp_fd: int | None, info_fd: int | None = Non
     ]
     mib = 1024 * 1024
     args += _system_binds()
+    # The device files Python and the C library may open, bound one by one: bwrap's --dev would also mount devpts,
+    # for which bwrap runs the sandbox in a second, nested user namespace, without the right to remount the tmpfs
+    # mounts (runner._harden).
+    # /dev/null is needed (the runner opens it); the others only where the host has them (a minimal container).
+    args += ["--dev-bind", "/dev/null", "/dev/null"]
+    for device in ("zero", "full", "random", "urandom"):
+        args += ["--dev-bind-try", f"/dev/{device}", f"/dev/{device}"]
     args += [
-        "--dev",
-        "/dev",
         "--size",
         str(limits.tmp_mb * mib),
         "--perms",
@@ -183,9 +196,7 @@ def command(limits: Limits, *, seccomp_fd: int | None, info_fd: int | None = Non
             args += ["--size", "4096", "--tmpfs", path, "--remount-ro", path]
     args += [
         "--remount-ro",
-        "/dev",  # device nodes still work; no files in /dev's own (uncapped) tmpfs
-        "--remount-ro",
-        "/",
+        "/",  # /dev's directory too (its device files still work)
         "--chdir",
         "/tmp",
         "--setenv",
@@ -207,6 +218,11 @@ def command(limits: Limits, *, seccomp_fd: int | None, info_fd: int | None = Non
 
 def _fix_for(stderr: str) -> str:
     text = stderr.lower()
+    if "sandbox set-up:" in text:
+        return (
+            "the sandbox's runner could not bound its tmpfs mounts or drop its capabilities (it needs a "
+            "non-setuid bubblewrap that allows --cap-add inside its user namespace); see docs/security.md"
+        )
     if any(
         s in text
         for s in (
@@ -232,9 +248,10 @@ def _probe(uid: int, machine: str) -> None:
         )
     if shutil.which("bwrap") is None:
         raise SandboxUnavailable(f"the code sandbox needs bubblewrap (`bwrap`), which is not installed: {INSTALL_HINT}")
-    fd = seccomp.filter_fd()
+    # The whole start-up of a real sandbox, the runner's set-up included, running a one-line script.
+    fd = seccomp.filter_fd(allow=SETUP_SYSCALLS)
     try:
-        argv = command(Limits(), seccomp_fd=fd) + ["-c", "print('sandbox-ok')"]
+        argv = command(Limits(), seccomp_fd=fd) + ["-c", programs.source("runner"), _runner_config(Limits())]
         proc = subprocess.run(
             argv,
             pass_fds=(fd,),
@@ -243,7 +260,7 @@ def _probe(uid: int, machine: str) -> None:
             capture_output=True,
             timeout=60,
             check=False,
-            stdin=subprocess.DEVNULL,
+            input=json.dumps({"mode": "script", "code": "print('sandbox-ok')"}).encode() + b"\n",
         )
     except (OSError, subprocess.SubprocessError) as err:
         raise SandboxUnavailable(f"the code sandbox could not start bubblewrap ({err}); {INSTALL_HINT}") from None
@@ -273,19 +290,31 @@ def isolation() -> tuple[str, ...]:
     return ("bwrap", "userns", "pidns", "netns", "ipcns", "mountns", "seccomp", "rlimits")
 
 
+def _runner_config(limits: Limits) -> str:
+    """The runner's command-line argument: its kernel limits, and (in bubblewrap) what its set-up applies."""
+    mib = 1024 * 1024
+    harden = None
+    if not unsafe_mode():
+        harden = {
+            "tmpfs": [["/tmp", limits.tmp_mb * mib, limits.inodes], ["/dev/shm", limits.shm_mb * mib, limits.inodes]],
+            "seccomp_filter": seccomp.filter_bytes().hex(),
+        }
+    config = {
+        "memory_mb": limits.memory_mb,
+        "file_mb": limits.tmp_mb,
+        "open_files": limits.open_files,
+        "cpu_seconds": limits.cpu_seconds,
+        "harden": harden,
+    }
+    return json.dumps(config)
+
+
 def spawn(limits: Limits) -> Child:
     """A new sandbox running the runner program; it waits for its request line on stdin."""
-    cfg = json.dumps(
-        {
-            "memory_mb": limits.memory_mb,
-            "file_mb": limits.tmp_mb,
-            "open_files": limits.open_files,
-            "cpu_seconds": limits.cpu_seconds,
-        }
-    )
+    cfg = _runner_config(limits)
     if unsafe_mode():
         return Child(command(limits, seccomp_fd=None) + ["-c", programs.source("runner"), cfg])
-    fd = seccomp.filter_fd()
+    fd = seccomp.filter_fd(allow=SETUP_SYSCALLS)
     info_read, info_write = os.pipe()
     os.set_blocking(info_read, False)
     try:

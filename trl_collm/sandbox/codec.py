@@ -17,6 +17,10 @@ import json
 import math
 
 MAX_DEPTH = 64
+# Elements of one set (keys of one dict) whose hashes repeat: building it costs a comparison per earlier element
+# of the same hash, so a forged set of ints that all hash alike (multiples of 2**61 - 1) takes quadratic time in
+# one C call, which no signal interrupts. Real results almost never repeat a hash; this many is plenty.
+MAX_HASH_REPEATS = 64
 
 
 class Unencodable(TypeError):
@@ -78,14 +82,27 @@ def decode(data, depth=0):
     if tag == "tuple":
         return tuple(items)
     if tag == "set":
-        return set(items)
+        return set(_spread(items))
     if tag == "frozenset":
-        return frozenset(items)
+        return frozenset(_spread(items))
     if tag == "dict" and all(type(p) is list and len(p) == 2 for p in items):
+        _spread([p[0] for p in items])
         return {k: val for k, val in items}
     if tag == "complex" and len(items) == 2 and all(type(x) in (int, float) for x in items):
         return complex(items[0], items[1])
     raise ValueError(f"unknown tag {tag!r}")
+
+
+def _spread(keys):
+    """``keys``, unless more than ``MAX_HASH_REPEATS`` of them repeat a hash (``ValueError``; see there). The check
+    itself is linear: it counts the hashes as bytes, whose own hashes are seeded at random (an int hash is
+    reduced modulo 2**61 - 1, so distinct tuple hashes could be chosen to collide again)."""
+    repeats = len(keys) - len({hash(k).to_bytes(8, "little", signed=True) for k in keys})
+    if repeats > MAX_HASH_REPEATS:
+        raise ValueError(
+            f"{repeats} of {len(keys)} set elements or dict keys repeat a hash (at most {MAX_HASH_REPEATS})"
+        )
+    return keys
 
 
 def dumps(value) -> str:

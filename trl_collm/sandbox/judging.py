@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from .bwrap import Limits, SandboxUnavailable
 from .pool import JUDGES, start
-from .process import EOF, TIMEOUT, TOO_LONG, Child
+from .process import TIMEOUT, TOO_LONG, Child
 
 __all__ = ["TestOutcome", "TestReport", "run_tests", "split_tests"]
 
@@ -174,26 +174,29 @@ class _Sandbox:
         )
         self.limits, self.report = limits, report
         self.child: Child | None = None
+        self.sent: bool | str = False  # how sending the request went: True, or EOF / TIMEOUT
         self.loaded = False  # the first sandbox answered "ready" (else restarting is pointless)
 
-    def start(self) -> None:
+    def start(self, deadline: float) -> None:
         self.child = start(self.limits)
         self.report.sandbox_pids.append(self.child.pid)
-        self.child.send(self.request)
+        self.sent = self.child.send(self.request, deadline)
 
     def ready_line(self, deadline: float) -> dict:
         """The host message for the judge about the start-up reply."""
-        line = self.child.read_line(deadline, MAX_REPLY_BYTES)
+        line = self.child.read_line(deadline, MAX_REPLY_BYTES) if self.sent is True else self.sent
         if line == TIMEOUT:
             self.stop()
             return {"kind": "timeout"}
         if isinstance(line, str):
             self.child.wait(time.monotonic() + 1.0)
             stderr = self.child.stderr_text().strip()
-            if stderr.startswith("bwrap:"):
-                # bubblewrap itself failed (the solution cannot write there): never a silent zero reward.
+            if stderr.startswith("bwrap:") or "sandbox set-up:" in stderr:
+                # bubblewrap or the runner's set-up failed (the solution, whose stderr is /dev/null, cannot write
+                # there): never a silent zero reward.
                 self.stop()
-                raise SandboxUnavailable(f"a sandbox failed to start: {stderr.splitlines()[0][:300]}")
+                line = next(x for x in stderr.splitlines() if "bwrap:" in x or "sandbox set-up:" in x)
+                raise SandboxUnavailable(f"a sandbox failed to start: {line[:300]}")
             why = self.stop_and_explain(line)
             return {"kind": "died", "why": why}
         self.loaded = True
@@ -205,13 +208,14 @@ class _Sandbox:
                 return {"kind": "died", "why": "the code did not start"}
             self.stop()
             self.report.restarts += 1
-            self.start()
+            self.start(deadline)
             ready = self.ready_line(deadline)
             if ready["kind"] != "ready":
                 return ready
-        if not self.child.send((json.dumps(message) + "\n").encode("utf-8")):
-            return {"kind": "died", "why": self.stop_and_explain(EOF)}
-        line = self.child.read_line(min(deadline, time.monotonic() + per_call), MAX_REPLY_BYTES)
+        call_deadline = min(deadline, time.monotonic() + per_call)
+        # A large argument fills the pipe: sending it waits for the sandbox to read, within the call's time limit.
+        sent = self.child.send((json.dumps(message) + "\n").encode("utf-8"), call_deadline)
+        line = self.child.read_line(call_deadline, MAX_REPLY_BYTES) if sent is True else sent
         if line == TIMEOUT:
             self.stop()
             return {"kind": "timeout"}
@@ -281,12 +285,22 @@ def run_tests(
     box = _Sandbox(code, entry_point, limits, report)
     judge, uses = None, 0
     done = reusable = False
+
+    def tell(message: dict) -> bool:
+        """Send one line to the judge by the run's deadline; False (with the reason in the report) if it failed."""
+        sent = judge.send((json.dumps(message) + "\n").encode("utf-8", "surrogatepass"), deadline)
+        if sent == TIMEOUT:
+            report.timed_out = True
+        elif sent is not True:
+            report.judge_error = f"the judge stopped ({sent}): {judge.stderr_text()[-2000:]}"
+        return sent is True
+
     try:
-        box.start()  # the sandbox first: it is the slower to start, the judge starts meanwhile
+        # The sandbox first: it is the slower to start, the judge starts meanwhile.
+        box.start(min(deadline, time.monotonic() + per_test_timeout))
         judge, uses = JUDGES.take(int(judge_memory_mb))
-        judge.send((json.dumps(payload) + "\n").encode("utf-8", "surrogatepass"))
-        judge.send((json.dumps(box.ready_line(min(deadline, time.monotonic() + per_test_timeout))) + "\n").encode())
-        while True:
+        talking = tell(payload) and tell(box.ready_line(min(deadline, time.monotonic() + per_test_timeout)))
+        while talking:
             line = judge.read_line(deadline, _JUDGE_LINE_BYTES)
             if line == TIMEOUT:
                 report.timed_out = True
@@ -304,7 +318,8 @@ def run_tests(
                 answer = box.call(msg["msg"], per_test_timeout, deadline)
                 if answer["kind"] == "timeout" and time.monotonic() >= deadline:
                     report.timed_out = True
-                judge.send((json.dumps(answer) + "\n").encode("utf-8", "surrogatepass"))
+                if not tell(answer):
+                    break
             elif op == "test" and 0 <= msg["index"] < len(outcomes):
                 o = outcomes[msg["index"]]
                 o.status, o.message, o.got = msg["status"], msg["message"], msg["got"]

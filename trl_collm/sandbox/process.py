@@ -1,5 +1,6 @@
-"""Host side of a child process: start it with nothing inherited, read its pipes with deadlines and size caps,
-and end it for sure.
+"""Host side of a child process: start it with nothing inherited, write and read its pipes with deadlines (and
+reads with size caps), and end it for sure. No call here blocks past its deadline: a child that never reads its
+input, or never writes, costs the host its deadline and no more.
 
 Ending: a sandbox is ended by SIGKILL to the init of its PID namespace (bwrap reports that process's host pid on
 ``--info-fd``); the kernel then kills every process of the namespace, and bwrap, whose only child it was, exits
@@ -46,18 +47,34 @@ class Child:
         self._buf = bytearray()
         self._err = bytearray()
         self._stderr_cap = stderr_cap
-        for f in (self.proc.stdout, self.proc.stderr):
+        for f in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
             os.set_blocking(f.fileno(), False)
 
     # -- writing -----------------------------------------------------------------------------------------------
 
-    def send(self, data: bytes) -> bool:
-        """Write all of ``data`` to stdin; False when the child is gone (its reply read will say why)."""
+    def send(self, data: bytes, deadline: float) -> bool | str:
+        """Write all of ``data`` to stdin by ``deadline``: True, or EOF (the child is gone; its reply read will say
+        why) or TIMEOUT (it did not take the data in time: a pipe holds only 64 KiB, and a child that never reads
+        its input would otherwise block the host forever)."""
         try:
-            self.proc.stdin.write(data)
-            return True
-        except (BrokenPipeError, OSError, ValueError):
-            return False
+            fd = self.proc.stdin.fileno()
+        except ValueError:  # stdin already closed
+            return EOF
+        view = memoryview(data)
+        while view:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return TIMEOUT
+            _, ready, _ = select.select([], [fd], [], remaining)
+            if not ready:
+                continue
+            try:
+                view = view[os.write(fd, view) :]
+            except BlockingIOError:
+                continue
+            except OSError:  # EPIPE: the child closed its input or is gone
+                return EOF
+        return True
 
     # -- reading -----------------------------------------------------------------------------------------------
 

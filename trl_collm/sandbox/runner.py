@@ -1,7 +1,9 @@
 """The program that runs INSIDE the sandbox, in front of the model-written code (its source is sent with
 ``python -c``; the codec's source is put in front of it).
 
-It sets the kernel limits, then reads one JSON line from stdin: ``{"mode", "code", "entry_point"}``.
+Inside bubblewrap it first finishes the sandbox (``harden``: the inode bound of its tmpfs mounts, no capabilities,
+the whole seccomp filter), then sets the kernel limits, then reads one JSON line from stdin: ``{"mode", "code",
+"entry_point"}``.
 
 * ``mode="script"`` (``run_python``): run the code as ``__main__`` with the sandbox's stdout / stderr.
 * ``mode="serve"`` (``run_tests``): define the code with stdout / stderr sent to /dev/null, answer one line
@@ -14,6 +16,43 @@ return value, which the judge (another process) then checks.
 """
 
 
+def _harden(tmpfs, seccomp_filter):
+    """Bound the inodes of the tmpfs mounts, give up every capability, load the whole seccomp filter.
+
+    bubblewrap's ``--tmpfs`` sets a size only, and a tmpfs's size counts file contents, not its files, directories
+    and links, each of which costs kernel memory: ``nr_inodes`` needs a remount, which needs ``CAP_SYS_ADMIN`` in
+    the sandbox's user namespace (given by ``--cap-add``, only until here) and a ``mount`` that bubblewrap's filter
+    lets through. Any failure ends the process before the solution is read."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def check(result, what):
+        if result != 0:
+            raise OSError(ctypes.get_errno(), f"sandbox set-up: {what} failed")
+
+    ms_remount, ms_nosuid, ms_nodev = 32, 2, 4
+    for path, size, inodes in tmpfs:
+        options = f"size={size},nr_inodes={inodes}".encode()
+        check(libc.mount(None, path.encode(), None, ms_remount | ms_nosuid | ms_nodev, options), f"remounting {path}")
+    # No capability survives: none ambient, none permitted (and with no_new_privs, which bubblewrap sets, no exec
+    # can grant one again).
+    pr_cap_ambient, pr_cap_ambient_clear_all, pr_set_seccomp, seccomp_mode_filter = 47, 4, 22, 2
+    check(libc.prctl(pr_cap_ambient, pr_cap_ambient_clear_all, 0, 0, 0), "clearing the ambient capabilities")
+
+    class CapHeader(ctypes.Structure):
+        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+    check(libc.capset(ctypes.byref(CapHeader(0x20080522, 0)), (ctypes.c_uint32 * 6)()), "dropping the capabilities")
+
+    class SockFprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
+
+    program = bytes.fromhex(seccomp_filter)
+    prog = SockFprog(len(program) // 8, program)
+    check(libc.prctl(pr_set_seccomp, seccomp_mode_filter, ctypes.byref(prog), 0, 0), "loading the seccomp filter")
+
+
 def _sandbox_main():
     import builtins
     import json
@@ -23,6 +62,8 @@ def _sandbox_main():
     import traceback
 
     cfg = json.loads(sys.argv[1])
+    if cfg.get("harden"):
+        _harden(**cfg["harden"])
     mib = 1024 * 1024
     limits = [
         (resource.RLIMIT_AS, cfg["memory_mb"] * mib),

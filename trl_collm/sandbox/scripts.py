@@ -68,7 +68,10 @@ def run_python(
     begin = time.monotonic()
     child = start(limits)
     try:
-        child.send((json.dumps({"mode": "script", "code": code}) + "\n").encode("utf-8", "surrogatepass"))
+        # Not taken by the deadline: the reads below find the deadline passed and report a time-out.
+        child.send(
+            (json.dumps({"mode": "script", "code": code}) + "\n").encode("utf-8", "surrogatepass"), begin + timeout
+        )
         try:
             child.proc.stdin.close()
         except OSError:

@@ -1,17 +1,29 @@
 """A seccomp filter (classic BPF, built here without libseccomp) that bubblewrap loads before running Python.
 
-Why: with no new processes, the sandbox is ONE process, so its address-space limit (``RLIMIT_AS``) is a memory cap
-for the whole sandbox even where no cgroup can be created (see docs/security.md), and nothing can outlive a call.
-The filter refuses:
+Why: with no new processes and no threads, the sandbox is ONE task, so its address-space limit (``RLIMIT_AS``) is a
+memory cap for the whole sandbox even where no cgroup can be created (see docs/security.md), it takes one host PID,
+and nothing can outlive a call. The filter refuses:
 
-* process creation: ``fork``, ``vfork``, ``clone`` without ``CLONE_THREAD`` (threads share the address space and
-  stay allowed), ``clone3`` (answered ENOSYS so that the C library falls back to ``clone`` for threads);
+* process and thread creation: ``fork``, ``vfork``, ``clone`` (threads too: each thread is a host PID, and no
+  per-sandbox count of them holds for a root trainer, since ``RLIMIT_NPROC`` does not apply to host uid 0),
+  ``clone3``;
 * ways around the namespaces and kernel attack surface that a solution never needs: ``ptrace``,
   ``process_vm_readv/writev``, ``unshare``, ``setns``, ``mount`` and the new mount API, ``pivot_root``,
   ``chroot``, ``bpf``, ``perf_event_open``, ``userfaultfd``, ``io_uring_*``, ``keyctl`` / ``add_key`` /
   ``request_key``, module loading, ``kexec_load``, file handles (``open_by_handle_at``);
+* kernel memory and machine-wide tables outside ``RLIMIT_AS``: System V shared memory, semaphores and message
+  queues (``shm*``, ``sem*``, ``msg*``: a fresh IPC namespace has the kernel's default limits, hundreds of MiB),
+  POSIX message queues (``mq_*``), Linux AIO (``io_setup`` and friends: ``fs.aio-max-nr`` is machine-wide),
+  ``inotify`` / ``fanotify`` (instances count against the host user's quota), POSIX timers (``timer_create``),
+  ``memfd_secret``, and setting or removing extended attributes (``*setxattr*``, ``*removexattr*``: a tmpfs
+  stores them in kernel memory that its size cap does not count);
 * ``socket`` / ``socketpair`` (there is no network in the sandbox anyway) and ``memfd_create`` (anonymous files
   are memory that ``RLIMIT_AS`` does not count).
+
+Left allowed: kernel objects that live behind a file descriptor (pipes, ``eventfd``, ``timerfd``, ``signalfd``,
+``epoll``), which ``RLIMIT_NOFILE`` bounds in number; what they and a few others still hold is listed in
+docs/security.md ("not guaranteed"). ``bubblewrap``'s copy of this filter lets ``mount`` through for the runner's
+remount of its tmpfs mounts; the runner then loads the whole filter itself (``runner._harden``).
 
 Refused calls fail with EPERM; a system-call number of another ABI (x32 on x86-64) or another architecture kills
 the process. Tables: x86-64 (run in CI) and aarch64 (from the kernel's asm-generic table).
@@ -26,13 +38,14 @@ import struct
 __all__ = ["filter_bytes", "supported"]
 
 # seccomp_data: int nr; u32 arch; u64 instruction_pointer; u64 args[6]
-_OFF_NR, _OFF_ARCH, _OFF_ARG0 = 0, 4, 16
-_LD_W_ABS, _JEQ, _JGE, _JSET, _RET = 0x20, 0x15, 0x35, 0x45, 0x06
+_OFF_NR, _OFF_ARCH = 0, 4
+_LD_W_ABS, _JEQ, _JGE, _RET = 0x20, 0x15, 0x35, 0x06
 _ALLOW, _KILL_PROCESS, _ERRNO = 0x7FFF0000, 0x80000000, 0x00050000
-_EPERM, _ENOSYS = 1, 38
-_CLONE_THREAD = 0x00010000
+_EPERM = 1
 
 _DENIED = (
+    "clone",
+    "clone3",
     "fork",
     "vfork",
     "ptrace",
@@ -69,10 +82,50 @@ _DENIED = (
     "open_tree",
     "move_mount",
     "mount_setattr",
+    "shmget",
+    "shmat",
+    "shmctl",
+    "shmdt",
+    "semget",
+    "semop",
+    "semctl",
+    "semtimedop",
+    "msgget",
+    "msgsnd",
+    "msgrcv",
+    "msgctl",
+    "mq_open",
+    "mq_unlink",
+    "mq_timedsend",
+    "mq_timedreceive",
+    "mq_notify",
+    "mq_getsetattr",
+    "io_setup",
+    "io_destroy",
+    "io_submit",
+    "io_cancel",
+    "io_getevents",
+    "io_pgetevents",
+    "inotify_init",
+    "inotify_init1",
+    "inotify_add_watch",
+    "fanotify_init",
+    "fanotify_mark",
+    "timer_create",
+    "memfd_secret",
+    "setxattr",
+    "lsetxattr",
+    "fsetxattr",
+    "setxattrat",
+    "removexattr",
+    "lremovexattr",
+    "fremovexattr",
+    "removexattrat",
+    "open_tree_attr",
 )
 
 _ARCHES = {
-    # machine: (AUDIT_ARCH_*, {name: number}); fork/vfork do not exist on aarch64.
+    # machine: (AUDIT_ARCH_*, {name: number}); fork, vfork and inotify_init do not exist on aarch64.
     "x86_64": (
         0xC000003E,
         {
@@ -114,6 +167,46 @@ _ARCHES = {
             "open_tree": 428,
             "move_mount": 429,
             "mount_setattr": 442,
+            "shmget": 29,
+            "shmat": 30,
+            "shmctl": 31,
+            "shmdt": 67,
+            "semget": 64,
+            "semop": 65,
+            "semctl": 66,
+            "semtimedop": 220,
+            "msgget": 68,
+            "msgsnd": 69,
+            "msgrcv": 70,
+            "msgctl": 71,
+            "mq_open": 240,
+            "mq_unlink": 241,
+            "mq_timedsend": 242,
+            "mq_timedreceive": 243,
+            "mq_notify": 244,
+            "mq_getsetattr": 245,
+            "io_setup": 206,
+            "io_destroy": 207,
+            "io_submit": 209,
+            "io_cancel": 210,
+            "io_getevents": 208,
+            "io_pgetevents": 333,
+            "inotify_init": 253,
+            "inotify_init1": 294,
+            "inotify_add_watch": 254,
+            "fanotify_init": 300,
+            "fanotify_mark": 301,
+            "timer_create": 222,
+            "memfd_secret": 447,
+            "setxattr": 188,
+            "lsetxattr": 189,
+            "fsetxattr": 190,
+            "setxattrat": 463,
+            "removexattr": 197,
+            "lremovexattr": 198,
+            "fremovexattr": 199,
+            "removexattrat": 466,
+            "open_tree_attr": 467,
         },
     ),
     "aarch64": (
@@ -155,6 +248,45 @@ _ARCHES = {
             "open_tree": 428,
             "move_mount": 429,
             "mount_setattr": 442,
+            "shmget": 194,
+            "shmat": 196,
+            "shmctl": 195,
+            "shmdt": 197,
+            "semget": 190,
+            "semop": 193,
+            "semctl": 191,
+            "semtimedop": 192,
+            "msgget": 186,
+            "msgsnd": 189,
+            "msgrcv": 188,
+            "msgctl": 187,
+            "mq_open": 180,
+            "mq_unlink": 181,
+            "mq_timedsend": 182,
+            "mq_timedreceive": 183,
+            "mq_notify": 184,
+            "mq_getsetattr": 185,
+            "io_setup": 0,
+            "io_destroy": 1,
+            "io_submit": 2,
+            "io_cancel": 3,
+            "io_getevents": 4,
+            "io_pgetevents": 292,
+            "inotify_init1": 26,
+            "inotify_add_watch": 27,
+            "fanotify_init": 262,
+            "fanotify_mark": 263,
+            "timer_create": 107,
+            "memfd_secret": 447,
+            "setxattr": 5,
+            "lsetxattr": 6,
+            "fsetxattr": 7,
+            "setxattrat": 463,
+            "removexattr": 14,
+            "lremovexattr": 15,
+            "fremovexattr": 16,
+            "removexattrat": 466,
+            "open_tree_attr": 467,
         },
     ),
 }
@@ -164,8 +296,10 @@ def supported(machine: str | None = None) -> bool:
     return (machine or platform.machine()) in _ARCHES
 
 
-def filter_bytes(machine: str | None = None) -> bytes:
-    """The filter as ``struct sock_filter`` records, the format ``bwrap --seccomp FD`` reads."""
+def filter_bytes(machine: str | None = None, *, allow: tuple[str, ...] = ()) -> bytes:
+    """The filter as ``struct sock_filter`` records, the format ``bwrap --seccomp FD`` and ``PR_SET_SECCOMP``
+    read; ``allow`` names denied calls to let through (bubblewrap's filter lets ``mount`` through for the runner's
+    set-up, which then loads the whole filter on top)."""
     machine = machine or platform.machine()
     if machine not in _ARCHES:
         raise OSError(f"no seccomp table for the {machine} architecture (supported: {', '.join(_ARCHES)})")
@@ -180,21 +314,12 @@ def filter_bytes(machine: str | None = None) -> bytes:
     op(_LD_W_ABS, _OFF_NR)
     if machine == "x86_64":
         op(_JGE, 0x40000000, "kill", None)  # the x32 ABI's numbers alias the denied ones
-    op(_JEQ, numbers["clone3"], "enosys", None)
-    op(_JEQ, numbers["clone"], "clone", None)
     for name in _DENIED:
-        if name in numbers:
+        if name in numbers and name not in allow:
             op(_JEQ, numbers[name], "eperm", None)
     op(_RET, _ALLOW)
-    labels = {"clone": len(prog)}
-    op(_LD_W_ABS, _OFF_ARG0)  # the low 32 bits of the flags (little-endian on both architectures)
-    op(_JSET, _CLONE_THREAD, "thread", "eperm")  # BPF jumps only forward: a second ALLOW for threads
-    labels["thread"] = len(prog)
-    op(_RET, _ALLOW)
-    labels["eperm"] = len(prog)
+    labels = {"eperm": len(prog)}
     op(_RET, _ERRNO | _EPERM)
-    labels["enosys"] = len(prog)
-    op(_RET, _ERRNO | _ENOSYS)
     labels["kill"] = len(prog)
     op(_RET, _KILL_PROCESS)
 
@@ -210,9 +335,9 @@ def filter_bytes(machine: str | None = None) -> bytes:
     return bytes(out)
 
 
-def filter_fd() -> int:
+def filter_fd(*, allow: tuple[str, ...] = ()) -> int:
     """A pipe's read end holding the filter (bwrap reads it to the end); the caller closes it after spawning."""
-    data = filter_bytes()
+    data = filter_bytes(allow=allow)
     r, w = os.pipe()
     try:
         os.write(w, data)  # a few hundred bytes: fits the pipe buffer, never blocks

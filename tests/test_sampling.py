@@ -1,0 +1,229 @@
+"""The sampling seam (trl_collm/sampling.py): the `SamplingSettings` record (from a config, to generate() kwargs, to and
+from team.json), the backend contract and registry, `weights_changed()` after every update, and a saved team sampled
+by eval exactly as training sampled it."""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+
+import pytest
+import torch
+
+from trl_collm import MultiAgentMCConfig, MultiAgentMCTrainer, MultiAgentPPOTrainer
+from trl_collm.generation import GenerateBackend
+from trl_collm.sampling import (
+    BACKENDS,
+    GenerationBackend,
+    Sampler,
+    SamplingSettings,
+    make_backend,
+    register_backend,
+)
+
+
+def _args(**overrides):
+    fields = dict(response_length=6, temperature=0.8, top_p=0.9, top_k=5, stop_token_id=7)
+    return types.SimpleNamespace(**{**fields, **overrides})
+
+
+def test_settings_from_a_config_and_as_generate_kwargs():
+    s = SamplingSettings.from_config(_args())
+    assert s == SamplingSettings(max_new_tokens=6, temperature=0.8, top_p=0.9, top_k=5, stop_token_ids=(7,))
+    assert s.generate_kwargs(pad_id=3) == {
+        "max_new_tokens": 6,
+        "do_sample": True,
+        "pad_token_id": 3,
+        "temperature": 0.8,
+        "top_p": 0.9,
+        "top_k": 5,
+        "eos_token_id": 7,
+    }
+    # greedy: the sampling filters are left out (generate() warns about them), the stop token stays
+    greedy = SamplingSettings.from_config(_args(), greedy=True).generate_kwargs(pad_id=3)
+    assert greedy == {"max_new_tokens": 6, "do_sample": False, "pad_token_id": 3, "eos_token_id": 7}
+    # top_k None and TRL's 0 both mean "off": one spelling in the record, generate()'s 0 in the kwargs (left out,
+    # generate() would apply its default top-k of 50)
+    off = SamplingSettings.from_config(_args(top_k=0, stop_token_id=None))
+    assert off.top_k is None and off == SamplingSettings.from_config(_args(top_k=None, stop_token_id=None))
+    kwargs = off.generate_kwargs(pad_id=0)
+    assert kwargs["top_k"] == 0 and "eos_token_id" not in kwargs
+    assert SamplingSettings(4, stop_token_ids=[7, 9]).generate_kwargs(0)["eos_token_id"] == [7, 9]
+
+
+def test_settings_round_trip_through_team_json():
+    s = SamplingSettings(max_new_tokens=6, temperature=0.8, top_p=0.9, top_k=5, stop_token_ids=(7,))
+    entry = s.to_team_json()
+    # the key names team.json has always had (older saved teams load the same way)
+    assert entry == {"response_length": 6, "temperature": 0.8, "top_p": 0.9, "top_k": 5, "stop_token_id": 7}
+    assert SamplingSettings.from_team_json(entry) == s
+    assert SamplingSettings.from_team_json(entry, greedy=True) == dataclasses.replace(s, greedy=True)
+    # overrides replace recorded fields; None keeps them (an unset command-line flag)
+    assert SamplingSettings.from_team_json(entry, max_new_tokens=None, temperature=0.5).temperature == 0.5
+    two = SamplingSettings(4, stop_token_ids=(7, 9))
+    assert two.to_team_json()["stop_token_id"] == [7, 9] and SamplingSettings.from_team_json(two.to_team_json()) == two
+    assert SamplingSettings.from_team_json({}) == SamplingSettings(max_new_tokens=64)
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        (dict(max_new_tokens=0), "max_new_tokens"),
+        (dict(max_new_tokens=4, temperature=0.0), "temperature"),
+        (dict(max_new_tokens=4, top_p=1.5), "top_p"),
+        (dict(max_new_tokens=4, top_k=-1), "top_k"),
+    ],
+)
+def test_bad_settings_are_refused_naming_the_field(kwargs, field):
+    with pytest.raises(ValueError, match=rf"^SamplingSettings\.{field} must be") as err:
+        SamplingSettings(**kwargs)
+    assert "\n" not in str(err.value)
+    SamplingSettings(max_new_tokens=4, temperature=0.0, greedy=True)  # no temperature is used when greedy
+
+
+def test_backends_register_by_name_and_are_built_from_the_arguments():
+    with pytest.raises(TypeError):
+        GenerationBackend()  # the contract: a backend must implement generate()
+    with pytest.raises(ValueError, match="has no `name`"):
+        register_backend(type("Nameless", (GenerateBackend,), {"name": ""}))
+    assert isinstance(make_backend(None), GenerateBackend)
+    built = make_backend(types.SimpleNamespace(local_rollout_forward_batch_size=3, share_prompt_prefix=False))
+    assert (built.batch_size, built.share_prefix) == (3, False)
+    with pytest.raises(ValueError, match=r"generation backend 'vllm' is not available \(registered: "):
+        make_backend(types.SimpleNamespace(use_vllm=True))
+
+    @register_backend
+    class FakeEngine(GenerateBackend):
+        name = "vllm"
+
+    try:
+        assert type(make_backend(types.SimpleNamespace(use_vllm=True))) is FakeEngine
+    finally:
+        BACKENDS.pop("vllm")
+
+
+class RecordingBackend(GenerateBackend):
+    """HF generate(), logging when it generates and when it is told the weights changed (with the trainer's step
+    and a fingerprint of the agents' weights at that moment)."""
+
+    def __init__(self, trainer, **kwargs):
+        super().__init__(**kwargs)
+        self.trainer, self.events = trainer, []
+
+    def _fingerprint(self):
+        team = self.trainer.team
+        return sum(float(p.detach().double().sum()) for a in team.names for p in team.agent_parameters(a))
+
+    def weights_changed(self):
+        self.events.append(("weights", self.trainer.state.global_step, self._fingerprint()))
+
+    def generate(self, *args, **kwargs):
+        self.events.append(("generate", self.trainer.state.global_step, None))
+        return super().generate(*args, **kwargs)
+
+
+def _reward(prompts, completions, **kw):
+    # completions: one list of the agents' texts per episode; the reward differs between episodes, so updates move
+    return [float(sum(ord(ch) for text in texts for ch in text) % 7) for texts in completions]
+
+
+@pytest.mark.parametrize("kind", ["ppo", "mc"])
+def test_weights_changed_is_called_after_every_update(tmp_path, make_config, prompts_dataset, qwen_path, kind):
+    """The backend hears of new weights once per iteration, after its optimizer steps and before the next generation
+    (the check on `global_step` sits before every rollout, whichever path, plain or DeepSpeed, stepped); with no
+    update in between it is not told again."""
+    if kind == "ppo":
+        args = make_config(tmp_path, num_agents=2, total_episodes=12)  # 3 iterations of 4 episodes
+        trainer = MultiAgentPPOTrainer(args=args, model=qwen_path, train_dataset=prompts_dataset, reward_funcs=_reward)
+    else:
+        from conftest import RUN_SETTINGS
+
+        args = MultiAgentMCConfig(
+            output_dir=str(tmp_path / "out"),
+            num_agents=2,
+            num_generations=2,
+            per_device_train_batch_size=2,
+            total_episodes=6,  # 3 iterations of 2 prompts
+            response_length=4,
+            learning_rate=1e-2,
+            seed=0,
+            **RUN_SETTINGS,
+        )
+        trainer = MultiAgentMCTrainer(args=args, model=qwen_path, train_dataset=prompts_dataset, reward_funcs=_reward)
+    spy = RecordingBackend(trainer, batch_size=args.local_rollout_forward_batch_size)
+    trainer.sampler = dataclasses.replace(trainer.sampler, backend=spy)
+    trainer.train()
+    told = [e for e in spy.events if e[0] == "weights"]
+    assert [step for _, step, _ in told] == [0, 1, 2]
+    # every time after the first, the weights really are new (the optimizer steps ran before the call)
+    prints = [fp for _, _, fp in told]
+    assert all(a != b for a, b in zip(prints, prints[1:]))
+    # each generation comes after the call for its step
+    last = None
+    for event, step, _ in spy.events:
+        if event == "weights":
+            last = step
+        else:
+            assert last == step
+    # a rollout after training sees the last update's weights; a second one, with no update in between, is not told
+    for _ in range(2):
+        trainer.rollout([prompts_dataset[0]]) if kind == "ppo" else trainer.sample([prompts_dataset[0]])
+    assert [step for event, step, _ in spy.events if event == "weights"] == [0, 1, 2, 3]
+
+
+def test_eval_samples_a_saved_team_as_training_did(tmp_path, make_config, prompts_dataset, qwen_path):
+    """Train, save, load: the settings eval reads back are the training sampler's (top-p, top-k, stop token
+    included), and with one seed the loaded team's sampler draws exactly the training sampler's tokens."""
+    from trl_collm.inference import load_team, play, saved_settings
+
+    args = make_config(tmp_path, num_agents=2, total_episodes=4, temperature=0.8, top_p=0.9, top_k=5, stop_token_id=9)
+    trainer = MultiAgentPPOTrainer(args=args, model=qwen_path, train_dataset=prompts_dataset, reward_funcs=_reward)
+    trainer.train()
+    trainer.save_model()
+    out = args.output_dir
+    settings = saved_settings(out, greedy=False)
+    assert settings == trainer.sampler.settings
+    assert (settings.temperature, settings.top_p, settings.top_k, settings.stop_token_ids) == (0.8, 0.9, 5, (9,))
+    assert saved_settings(out) == dataclasses.replace(settings, greedy=True)  # eval decodes greedily by default
+
+    team = load_team(out)
+    prompts = [prompts_dataset[i]["prompt"] for i in range(6)]
+    observations = {a: list(prompts) for a in team.names}
+    trainer.model.eval()
+    torch.manual_seed(123)
+    trained = trainer.sampler_for_step()(observations)
+    torch.manual_seed(123)
+    loaded = Sampler(team, make_backend(), settings)(observations)
+    for a in team.names:
+        assert torch.equal(loaded[a].response_ids, trained[a].response_ids), a
+        assert loaded[a].texts == trained[a].texts
+    # the seed decides the draw (the comparison above has power)
+    torch.manual_seed(124)
+    other = Sampler(team, make_backend(), settings)(observations)
+    assert any(not torch.equal(other[a].response_ids, trained[a].response_ids) for a in team.names)
+
+    # play() runs the same sampler: its completions are the training sampler's too
+    env = trainer.env
+    torch.manual_seed(5)
+    transcripts = play(team, env, [{"prompt": p} for p in prompts], settings=settings)
+    torch.manual_seed(5)
+    roll = trainer.rollout([{"prompt": p} for p in prompts])
+    for e, tr in enumerate(transcripts):
+        for a in team.names:
+            assert tr["turns"][0]["agents"][a]["completion"] == roll.turns[0][a].gen.texts[e]
+
+
+def test_stop_token_masks_and_a_tokenizer_without_eos():
+    """The first stop token ends (and belongs to) the action; several stop ids all stop; a tokenizer without an eos
+    token and no `stop_token_id` is refused with one line naming the agent."""
+    tok = types.SimpleNamespace(eos_token_id=None, decode=lambda ids, **kw: " ".join(map(str, ids)))
+    team = types.SimpleNamespace(tokenizers={"a": tok}, pad_id=lambda name: 0)
+    q = torch.ones(2, 1, dtype=torch.long)
+    response = torch.tensor([[4, 7, 5, 9], [4, 5, 9, 7]])
+    sampler = Sampler(team, GenerateBackend(), SamplingSettings(4, stop_token_ids=(7, 9)))
+    gen = sampler._finish("a", q, q, response)
+    assert gen.response_mask.tolist() == [[True, True, False, False], [True, True, True, False]]
+    assert gen.response_ids.tolist() == [[4, 7, 0, 0], [4, 5, 9, 0]] and gen.texts == ["4", "4 5"]
+    assert gen.ended.tolist() == [True, True]
+    with pytest.raises(ValueError, match=r"^agent 'a''s tokenizer has no eos_token; set `stop_token_id`"):
+        sampler.with_settings(SamplingSettings(4))._finish("a", q, q, response)
