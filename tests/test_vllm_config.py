@@ -10,12 +10,10 @@ import math
 
 import pytest
 import torch
-
-from trl_collm import MultiAgentMCConfig, MultiAgentPPOConfig
-from trl_collm import algorithms as alg
-from trl_collm import vllm_backend
-
 from conftest import RUN_SETTINGS
+
+from trl_collm import MultiAgentMCConfig, MultiAgentPPOConfig, vllm_backend
+from trl_collm import algorithms as alg
 
 VLLM_FIELDS = {
     "use_vllm": False,

@@ -219,13 +219,11 @@ class _Engine:
 
     @staticmethod
     def _check_frozen_base(model) -> None:
-        from .team import _is_peft  # noqa: F401  (same notion of a PEFT model as the team)
-
         lora_params = {id(p) for n, p in model.named_parameters() if "lora_" in n}
         trained = [n for n, p in model.named_parameters() if p.requires_grad and id(p) not in lora_params]
         if trained:
             raise ValueError(
-                f"use_vllm with LoRA adapters serves the base model as loaded, but {trained[0]} of the base is trained; "
+                f"use_vllm with LoRA adapters serves the base as loaded, but {trained[0]} of the base is trained; "
                 "train only LoRA weights (no modules_to_save) or use separate models."
             )
 

@@ -233,7 +233,11 @@ class MultiAgentMCTrainer(TeamTrainerBase):
             a, g.query_ids[rows], g.query_mask[rows], g.response_ids[rows], mask, temp, with_entropy=True
         )
         adv = at.advantages[rows].to(new.device)
-        weights = self.importance_weights(a, g, rows, at.old_logprobs[rows], mask, logs) if self._corrects_importance() else None
+        weights = (
+            self.importance_weights(a, g, rows, at.old_logprobs[rows], mask, logs)
+            if self._corrects_importance()
+            else None
+        )
         if args.loss_type == "reinforce":
             loss = alg.policy_loss_reinforce(new, adv, mask, weights)
             clipfrac = torch.tensor(0.0)

@@ -302,7 +302,7 @@ class TeamConfig(_BaseConfig):
         metadata={
             "help": (
                 "Generate rollouts with vLLM (the [vllm] extra) instead of generate(): one engine per distinct agent "
-                "model, or one over the shared base with one LoRA adapter per agent; weights re-sent after every update."
+                "model, or one over the shared base with one LoRA adapter per agent; weights re-sent after each update."
             )
         },
     )
