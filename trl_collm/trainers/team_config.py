@@ -90,9 +90,9 @@ class TeamConfig(_BaseConfig):
         transformers_continuous_batching_config (`dict | str`, *optional*, defaults to `None`):
             Keyword arguments for `transformers.generation.ContinuousBatchingConfig` (a dict or JSON string).
         use_vllm (`bool`, *optional*, defaults to `False`):
-            Generate rollouts with vLLM (the `[vllm]` extra) instead of `generate()`: one engine per distinct agent
-            model, or one engine over the shared base with one LoRA adapter per agent; weights re-sent after every
-            update (see docs/generation.md).
+            Generate rollouts with vLLM instead of `generate()`: one engine per distinct agent model, or one engine
+            over the shared base with one LoRA adapter per agent; weights re-sent after every update. vLLM is
+            installed apart from this project (see docs/generation.md).
         vllm_mode (`str`, *optional*, defaults to `'colocate'`):
             'colocate': the engine runs in the training process. TRL's 'server' mode is refused (one external server
             holds one model; a team needs one engine per agent model and its weight sync).
@@ -301,7 +301,7 @@ class TeamConfig(_BaseConfig):
         default=False,
         metadata={
             "help": (
-                "Generate rollouts with vLLM (the [vllm] extra) instead of generate(): one engine per distinct agent "
+                "Generate rollouts with vLLM (see docs/generation.md) instead of generate(): one engine per agent "
                 "model, or one over the shared base with one LoRA adapter per agent; weights re-sent after each update."
             )
         },
