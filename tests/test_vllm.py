@@ -85,34 +85,6 @@ def test_greedy_vllm_tokens_equal_generates(plain, prompts, tokenizer):
     _same_until_stop(out.tokens, _hf_greedy(model, ids, mask, GREEDY, tokenizer.pad_token_id), tokenizer.pad_token_id)
 
 
-def test_after_an_optimizer_step_vllm_follows_the_new_weights(plain, prompts, tokenizer):
-    """Train the model towards one answer; vLLM keeps the old weights until weights_changed(), then matches
-    generate() with the new ones."""
-    model, backend = plain
-    ids, mask = prompts
-    pad = tokenizer.pad_token_id
-    before = _hf_greedy(model, ids, mask, GREEDY, pad)
-    target = torch.tensor(tokenizer("Bananas are blue.<|im_end|>")["input_ids"])
-    full = torch.cat([ids, target.expand(len(ids), -1)], dim=1)
-    full_mask = torch.cat([mask, torch.ones(len(ids), len(target), dtype=mask.dtype)], dim=1)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
-    model.train()
-    for _ in range(3):
-        logits = model(input_ids=full, attention_mask=full_mask).logits[:, ids.shape[1] - 1 : -1]
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.repeat(len(ids)))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    model.eval()
-    after = _hf_greedy(model, ids, mask, GREEDY, pad)
-    assert not torch.equal(before, after), "the update did not change generate()'s answers; the test cannot tell"
-    stale = backend.generate(model, ids, mask, GREEDY, pad_id=pad).tokens
-    _same_until_stop(stale, before, pad)  # no weights_changed(): the engine still holds the old weights
-    backend.weights_changed()
-    synced = backend.generate(model, ids, mask, GREEDY, pad_id=pad).tokens
-    _same_until_stop(synced, after, pad)
-
-
 def _chi_square_p(counts: torch.Tensor, probs: torch.Tensor, min_expected: float = 5.0) -> float:
     """Pearson's chi-square p-value of `counts` against `probs` (bins expected below `min_expected` pooled)."""
     n = counts.sum()
@@ -168,6 +140,34 @@ def test_engine_logprobs_are_the_trainers_up_to_rounding(plain, prompts, tokeniz
     valid = (stop - (out.tokens == tokenizer.eos_token_id).long()) == 0  # up to and including the stop token
     gap = (out.engine_logprobs - trainer).abs()[valid]
     assert float(gap.max()) < 1e-3, float(gap.max())
+
+
+def test_after_an_optimizer_step_vllm_follows_the_new_weights(plain, prompts, tokenizer):
+    """Train the model towards one answer; vLLM keeps the old weights until weights_changed(), then matches
+    generate() with the new ones. (Last of the tests on the shared `plain` model: it changes the weights.)"""
+    model, backend = plain
+    ids, mask = prompts
+    pad = tokenizer.pad_token_id
+    before = _hf_greedy(model, ids, mask, GREEDY, pad)
+    target = torch.tensor(tokenizer("Bananas are blue.<|im_end|>")["input_ids"])
+    full = torch.cat([ids, target.expand(len(ids), -1)], dim=1)
+    full_mask = torch.cat([mask, torch.ones(len(ids), len(target), dtype=mask.dtype)], dim=1)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+    model.train()
+    for _ in range(3):
+        logits = model(input_ids=full, attention_mask=full_mask).logits[:, ids.shape[1] - 1 : -1]
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.repeat(len(ids)))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+    after = _hf_greedy(model, ids, mask, GREEDY, pad)
+    assert not torch.equal(before, after), "the update did not change generate()'s answers; the test cannot tell"
+    stale = backend.generate(model, ids, mask, GREEDY, pad_id=pad).tokens
+    _same_until_stop(stale, before, pad)  # no weights_changed(): the engine still holds the old weights
+    backend.weights_changed()
+    synced = backend.generate(model, ids, mask, GREEDY, pad_id=pad).tokens
+    _same_until_stop(synced, after, pad)
 
 
 # ------------------------------------------------------------------ LoRA: one engine, one adapter per agent
