@@ -40,11 +40,8 @@ def main():
     tok = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     questions = [f"Write step {i} of a plan to build a small wooden house." for i in range(a.rows)]
-    rows = [
-        list(tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True))
-        for q in questions
-    ]
-    rows = [list(r["input_ids"]) if hasattr(r, "keys") else r for r in rows]
+    rows = [tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True) for q in questions]
+    rows = [list(r["input_ids"]) if hasattr(r, "keys") else list(r) for r in rows]
     ids, mask = _left_pad(rows, tok.pad_token_id, "cpu")
     settings = SamplingSettings(max_new_tokens=a.tokens, temperature=a.temperature)
     backend = VLLMBackend()

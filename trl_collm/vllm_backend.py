@@ -245,6 +245,8 @@ class _Engine:
             self.llm.collective_rpc(
                 "reload_weights", kwargs={"weights_iterator": iter(weights), "is_checkpoint_format": True}
             )
+            if not torch.cuda.is_available():
+                self.llm.apply_model(_repack_cpu_embeddings)
             self.llm.reset_prefix_cache()
         self.stale = False
 
@@ -322,6 +324,17 @@ def _trainer_state_kept():
         torch.set_num_threads(states[3])
         if cuda is not None:
             torch.cuda.set_rng_state_all(cuda)
+
+
+def _repack_cpu_embeddings(model) -> None:
+    """vLLM's CPU build keeps a packed copy of each embedding matrix for its use as an LM head (`cpu_linear`, made
+    after loading), and the in-place reload does not remake it: with tied embeddings (SmolLM2) the engine kept
+    computing logits with the old head (log-prob gap 2.1 after a 0.01 change to the embeddings). Remake it."""
+    from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+
+    for module in model.modules():
+        if isinstance(module, VocabParallelEmbedding) and hasattr(module, "cpu_linear"):
+            module.quant_method.process_weights_after_loading(module)
 
 
 def _vllm_name(name: str) -> str:
