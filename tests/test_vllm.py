@@ -151,6 +151,8 @@ def test_after_an_optimizer_step_vllm_follows_the_new_weights(plain, prompts, to
     ids, mask = prompts
     pad = tokenizer.pad_token_id
     before = _hf_greedy(model, ids, mask, GREEDY, pad)
+    # the engine exists (and has synced) before the update, as in training
+    _same_until_stop(backend.generate(model, ids, mask, GREEDY, pad_id=pad).tokens, before, pad)
     target = torch.tensor(tokenizer("Bananas are blue.<|im_end|>")["input_ids"])
     full = torch.cat([ids, target.expand(len(ids), -1)], dim=1)
     full_mask = torch.cat([mask, torch.ones(len(ids), len(target), dtype=mask.dtype)], dim=1)
