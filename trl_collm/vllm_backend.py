@@ -187,6 +187,7 @@ class _Engine:
                 "pass the model as a local path (or save_pretrained it first)."
             )
         self.generation_config = getattr(inner, "generation_config", None)
+        self.vocab_size = inner.config.vocab_size
         kwargs = dict(
             model=folder,
             dtype=_dtype_name(next(inner.parameters()).dtype),
@@ -276,6 +277,8 @@ class _Engine:
         # One seed per call from torch's generator, one per row from it: seeded runs repeat, rows differ.
         seed = int(torch.randint(0, 2**31 - 1, (1,)).item())
         stops = list(settings.stop_token_ids) or _eos_ids(self.generation_config)
+        # vLLM refuses ids outside the vocabulary; they can never be sampled, so generate() never stops on them either
+        stops = [t for t in stops if 0 <= t < self.vocab_size]
         params = [
             SamplingParams(
                 n=1,
