@@ -166,11 +166,11 @@ def evaluate(task: str, s: dict, team=None) -> dict:
     rows = rows[: s["eval_limit"]] if s["eval_limit"] else rows
     rows = [r for r in rows for _ in range(s["eval_repeats"])]
     path = None if team is not None else smollm2_135m_instruct()
-    t0 = time.time()
+    t0, c0 = time.time(), time.process_time()
     _, roll = rollout_team(path, rows, task=task, max_new_tokens=s["response_length"], seed=EVAL_SEED, team=team)
     per_episode = writing_levels(roll) if task == "writing-summary" else code_levels(roll)
     out = summarize(task, per_episode, s["max_reward"])
-    out["seconds"] = time.time() - t0
+    out["seconds"], out["cpu_seconds"] = time.time() - t0, time.process_time() - c0
     out["prompt_form"] = prompt_form(AutoTokenizer.from_pretrained(smollm2_135m_instruct()), roll)
     out["examples"] = [
         {a: roll.turns[0][a].gen.texts[i] for a in roll.agent_names} for i in range(min(2, roll.num_episodes))
@@ -236,9 +236,9 @@ def run_one(task: str, method: str, seed: int, lr: float, s: dict) -> dict:
         env=spec.make_env(),
         peft_config=LoraConfig(**LORA),
     )
-    t0 = time.time()
+    t0, c0 = time.time(), time.process_time()
     trainer.train()
-    seconds = time.time() - t0
+    seconds, cpu_seconds = time.time() - t0, time.process_time() - c0
     steps, curve, levels = 0, [], []
     for m in trainer._metrics_history:
         steps += m["mc/nodes"] if "mc/nodes" in m else args.per_device_train_batch_size * m["objective/turns"]
@@ -259,7 +259,9 @@ def run_one(task: str, method: str, seed: int, lr: float, s: dict) -> dict:
         level_curves=levels,
         eval=scores,
         seconds=seconds,
-        iteration_seconds=seconds / max(1, len(curve)),
+        # CPU time is what a run costs whatever the machine's load (wall time on a shared machine is not)
+        cpu_seconds=cpu_seconds,
+        iteration_cpu_seconds=cpu_seconds / max(1, len(curve)),
     )
 
 
