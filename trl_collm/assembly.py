@@ -133,7 +133,7 @@ def build_team(model, processing_class, ref_model, peft_config, args, names: lis
             raise ValueError(
                 "A shared-base LoRA team uses the base (adapters disabled) as reference; pass `ref_model=None`."
             )
-        return AgentTeam(names, tokenizers, shared_base=peft_model)
+        return AgentTeam(names, tokenizers, shared_base=peft_model, share_prefix=args.share_prompt_prefix)
 
     if single_source:
         if n > 1 and not isinstance(model, (str, os.PathLike)):
@@ -158,7 +158,7 @@ def build_team(model, processing_class, ref_model, peft_config, args, names: lis
             ref.requires_grad_(False)
             ref.eval()
         refs[a] = ref
-    return AgentTeam(names, tokenizers, policies=policies, ref_policies=refs)
+    return AgentTeam(names, tokenizers, policies=policies, ref_policies=refs, share_prefix=args.share_prompt_prefix)
 
 
 class TeamModel(nn.Module):

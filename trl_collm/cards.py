@@ -160,18 +160,16 @@ def team_card(facts: dict) -> str:
     if rows:
         lines += ["", "## Results", "", "Last logged training iteration:", "", "| metric | value |", "|---|---|", *rows]
     repo = facts["repo"]
-    lines += ["", "## Run the team", "", "```python", "from trl_collm.inference import load_team, play"]
+    lines += ["", "## Run the team", "", "```python", "from trl_collm.inference import load_team, play, saved_settings"]
     if task_name:
         lines += [
             "from trl_collm.tasks import get_task",
             "",
             f"team = load_team({repo!r})  # a Hub repo id or a local folder",
+            f"settings = saved_settings({repo!r})  # as trained, decoding greedily (greedy=False samples)",
             f"task = get_task({task_name!r})",
             'rows = list(task.load_dataset("eval", limit=4))',
-            (
-                f"transcripts = play(team, task.make_env(), rows, num_turns={facts['num_turns']}, "
-                f"max_new_tokens={gen.get('response_length', 64)})"
-            ),
+            f"transcripts = play(team, task.make_env(), rows, num_turns={facts['num_turns']}, settings=settings)",
             "```",
             "",
             f"or from the command line: `trl-collm eval --team_dir <local folder> --task {task_name}`.",
@@ -180,11 +178,9 @@ def team_card(facts: dict) -> str:
         lines += [
             "",
             f"team = load_team({repo!r})  # a Hub repo id or a local folder",
+            f"settings = saved_settings({repo!r})  # as trained, decoding greedily (greedy=False samples)",
             "# env: the trl_collm.MultiAgentEnv the team was trained with; rows: its dataset rows",
-            (
-                f"transcripts = play(team, env, rows, num_turns={facts['num_turns']}, "
-                f"max_new_tokens={gen.get('response_length', 64)})"
-            ),
+            f"transcripts = play(team, env, rows, num_turns={facts['num_turns']}, settings=settings)",
             "```",
         ]
     lines += ["", "`team.json` describes the whole team (agents, folders, layout, critic, generation settings)."]

@@ -294,7 +294,7 @@ def _eval_parser(prog: str, play: bool):
     p.add_argument("--dataset_source", default=None, help="the task's dataset source (e.g. building targets 'I,L')")
     p.add_argument("--limit", type=int, default=None if not play else 3, help="rows to use")
     p.add_argument("--max_new_tokens", type=int, default=None, help="default: the team's response_length, else 64")
-    p.add_argument("--temperature", type=float, default=None, help="with --sample; default: the team's, else 0.7")
+    p.add_argument("--temperature", type=float, default=None, help="with --sample; default: the team's, else 1.0")
     p.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
     p.add_argument("--base_model", default=None, help="base model of a LoRA team (overrides team.json)")
     p.add_argument("--device", default=None)
@@ -391,27 +391,21 @@ def evaluate_team(argv: list[str], play_mode: bool = False):
         env = _call_with_supported(task.make_env, **opts)
     check_team_fits_task(task, env, rows[0], desc, opts_ns.team_dir, explicit_options=bool(opts))
 
-    from .generation import make_backend
     from .inference import load_team, play
+    from .sampling import SamplingSettings, make_backend
 
     gen = desc.get("generation", {})
-    max_new_tokens = opts_ns.max_new_tokens or gen.get("response_length") or 64
-    temperature = opts_ns.temperature if opts_ns.temperature is not None else gen.get("temperature", 0.7)
     with user_errors():
+        # The training's sampling settings (team.json), greedy unless --sample; the flags given replace them.
+        settings = SamplingSettings.from_team_json(
+            gen, greedy=not opts_ns.sample, max_new_tokens=opts_ns.max_new_tokens, temperature=opts_ns.temperature
+        )
         team = load_team(opts_ns.team_dir, base_model=opts_ns.base_model, device=opts_ns.device)
-        team.generation_backend = make_backend(opts_ns)  # generate() or continuous batching (trl_collm/generation.py)
+        backend = make_backend(opts_ns)  # generate() or continuous batching (trl_collm/generation.py)
     for a, limit in (gen.get("max_prompt_length") or {}).items():
         if a in team.names:
             team.prompt_limits[a] = limit
-    transcripts = play(
-        team,
-        env,
-        rows,
-        num_turns=num_turns,
-        max_new_tokens=max_new_tokens,
-        greedy=not opts_ns.sample,
-        temperature=temperature,
-    )
+    transcripts = play(team, env, rows, num_turns=num_turns, settings=settings, backend=backend)
     returns = [sum(t["return"]) / len(t["return"]) for t in transcripts]
     mean = sum(returns) / len(returns)
     if play_mode:

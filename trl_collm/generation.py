@@ -1,19 +1,18 @@
-"""Generation backends: how a batch of left-padded prompts becomes sampled tokens.
+"""The built-in generation backends: how a batch of left-padded prompts becomes sampled tokens.
 
-`AgentTeam.generate` hands every backend the same thing (one model, left-padded prompt ids and mask, the trainer's
-generation kwargs) and expects the same thing back: what `model.generate(input_ids=ids, attention_mask=mask)`
-returns, the prompt columns followed by the new tokens, right-padded with the pad token. The rest of the pipeline
-(stop-token masks, decoding, log-probs) never knows which backend ran.
+Both implement `trl_collm.sampling.GenerationBackend` (the declared contract: `generate`, `weights_changed`, `close`)
+and are registered by name; `sampling.make_backend(args)` picks one from the trainer arguments. The `Sampler` hands
+every backend the same thing (one model, left-padded prompt ids and mask, the `SamplingSettings`) and gets the same
+thing back (the new tokens, right-padded with the pad id, and where the backend records them the sampler's
+log-probs). The rest of the pipeline (stop-token masks, decoding, log-probs) never knows which backend ran.
 
-- `GenerateBackend` (default): HF `generate()`, in chunks of `local_rollout_forward_batch_size` rows, prefilling the
-  rows' shared prompt prefix once (`prefix.generate_with_prefix`). LoRA teams run all agents in one call, each row
-  routed to its adapter (PEFT mixed-adapter batch).
-- `ContinuousBatchingBackend` (`use_transformers_continuous_batching=True`): transformers' `generate_batch` (paged
-  KV cache, continuous batching, CUDA graphs on GPU; prompts sharing blocks are cached once). It takes one model
-  state per call, so a LoRA team runs one call per adapter (PEFT's per-row adapter routing does not reach it).
-
-A third backend (e.g. a vLLM engine) plugs in by implementing `generate` with the same contract; `make_backend`
-picks one from the trainer arguments.
+- `GenerateBackend` ("generate", the default): HF `generate()`, in chunks of `local_rollout_forward_batch_size` rows,
+  prefilling the rows' shared prompt prefix once (`prefix.generate_with_prefix`). LoRA teams run all agents in one
+  call, each row routed to its adapter (PEFT mixed-adapter batch).
+- `ContinuousBatchingBackend` ("continuous_batching", `use_transformers_continuous_batching=True`): transformers'
+  `generate_batch` (paged KV cache, continuous batching, CUDA graphs on GPU; prompts sharing blocks are cached once).
+  It takes one model state per call, so a LoRA team runs one call per adapter (PEFT's per-row adapter routing does
+  not reach it).
 """
 
 from __future__ import annotations
@@ -27,12 +26,7 @@ import weakref
 
 import torch
 
-# The generation kwargs the continuous-batching path honours (transformers turns them into its per-request logits
-# processors). Anything else would be dropped silently by generate_batch, so it is refused instead.
-CB_SUPPORTED_KWARGS = frozenset(
-    {"max_new_tokens", "do_sample", "temperature", "top_p", "top_k", "pad_token_id", "eos_token_id"}
-)
-
+from .sampling import GenerationBackend, Sampled, SamplingSettings, register_backend
 
 # Generation-config settings that change the logits before a user's logits processor sees them (transformers runs
 # custom processors after these and before the sampling warpers: temperature, top-k, top-p). With any of them set, the
@@ -100,30 +94,44 @@ class SampledLogprobs:
         return out
 
 
-class GenerateBackend:
-    """HF `generate()` in chunks of `batch_size` rows, with the shared-prefix prefill."""
+@register_backend
+class GenerateBackend(GenerationBackend):
+    """HF `generate()` in chunks of `batch_size` rows (None: all rows at once), with the shared-prefix prefill
+    (`share_prefix`)."""
 
     name = "generate"
     records_logprobs = True
+
+    def __init__(self, batch_size: int | None = None, share_prefix: bool = True):
+        self.batch_size = batch_size
+        self.share_prefix = share_prefix
+
+    @classmethod
+    def from_config(cls, args) -> GenerateBackend:
+        return cls(getattr(args, "local_rollout_forward_batch_size", None), getattr(args, "share_prompt_prefix", True))
 
     def generate(
         self,
         model,
         ids: torch.Tensor,
         mask: torch.Tensor,
-        gen_kwargs: dict,
-        batch_size: int | None = None,
+        settings: SamplingSettings,
+        *,
+        pad_id: int,
         adapter_names: list[str] | None = None,
-        share_prefix: bool = False,
         use_adapter=None,
         logprob_temperature: float | None = None,
-    ):
+        lockstep: bool | None = None,
+    ) -> Sampled:
         from transformers import LogitsProcessorList
 
         from .prefix import generate_with_prefix
 
+        gen_kwargs = settings.generate_kwargs(pad_id)
+        if lockstep is not None:
+            gen_kwargs["synced_gpus"] = lockstep
         outs, logprobs = [], []
-        step = batch_size or ids.shape[0] or 1
+        step = self.batch_size or ids.shape[0] or 1
         for start in range(0, ids.shape[0], step):
             kwargs = dict(gen_kwargs)
             if adapter_names is not None:
@@ -132,17 +140,16 @@ class GenerateBackend:
             if recorder is not None:
                 kwargs["logits_processor"] = LogitsProcessorList([recorder])
             rows = slice(start, start + step)
-            out = generate_with_prefix(model, ids[rows], mask[rows], kwargs, enabled=share_prefix)
-            outs.append(out)
+            out = generate_with_prefix(model, ids[rows], mask[rows], kwargs, enabled=self.share_prefix)
+            outs.append(out[:, ids.shape[1] :])
             if recorder is not None:
-                logprobs.append(recorder.finish(out[:, ids.shape[1] :]))
-        sequences = _right_pad_cat(outs, gen_kwargs["pad_token_id"])
-        if logprob_temperature is None:
-            return sequences
-        return sequences, _right_pad_cat(logprobs, 0.0)
+                logprobs.append(recorder.finish(outs[-1]))
+        tokens = _right_pad_cat(outs, pad_id)
+        return Sampled(tokens, _right_pad_cat(logprobs, 0.0) if logprobs else None)
 
 
-class ContinuousBatchingBackend:
+@register_backend
+class ContinuousBatchingBackend(GenerationBackend):
     """transformers' continuous batching (`generate_batch`) over every row of the call at once.
 
     `config`: keyword arguments for `transformers.generation.ContinuousBatchingConfig` (TRL's
@@ -166,6 +173,15 @@ class ContinuousBatchingBackend:
         self._managers: dict[tuple, _KeptManager] = {}
         _LIVE_BACKENDS.add(self)
 
+    @classmethod
+    def from_config(cls, args) -> ContinuousBatchingBackend:
+        config = getattr(args, "transformers_continuous_batching_config", None)
+        if isinstance(config, str):  # from the command line
+            import json
+
+            config = json.loads(config)
+        return cls(config)
+
     def close(self) -> None:
         """Stop and free the managers kept between calls."""
         managers, self._managers = self._managers, {}
@@ -181,27 +197,22 @@ class ContinuousBatchingBackend:
         model,
         ids: torch.Tensor,
         mask: torch.Tensor,
-        gen_kwargs: dict,
-        batch_size: int | None = None,
+        settings: SamplingSettings,
+        *,
+        pad_id: int,
         adapter_names: list[str] | None = None,
-        share_prefix: bool = False,
         use_adapter=None,
-    ) -> torch.Tensor:
-        if gen_kwargs.get("synced_gpus"):
+        logprob_temperature: float | None = None,
+        lockstep: bool | None = None,
+    ) -> Sampled:
+        if lockstep:
             raise ValueError(
                 "use_transformers_continuous_batching cannot decode in lockstep with other ranks (ZeRO-3 with "
                 "`ds3_gather_for_generation=False`); set `ds3_gather_for_generation=True` (the default) or "
                 "use_transformers_continuous_batching=False."
             )
-        gen_kwargs = {k: v for k, v in gen_kwargs.items() if k != "synced_gpus"}  # False: what generate_batch does
-        unsupported = sorted(set(gen_kwargs) - CB_SUPPORTED_KWARGS)
-        if unsupported:
-            raise ValueError(
-                f"use_transformers_continuous_batching: the generation settings {unsupported} are not supported by "
-                "transformers' generate_batch (it would drop them); set use_transformers_continuous_batching=False."
-            )
+        gen_kwargs = settings.generate_kwargs(pad_id)  # every key it writes is one generate_batch honours
         prompts = [row[m.bool()].tolist() for row, m in zip(ids, mask)]
-        pad = gen_kwargs["pad_token_id"]
         if adapter_names is None:
             new = self._generate_batch(model, prompts, gen_kwargs)
         else:
@@ -214,12 +225,11 @@ class ContinuousBatchingBackend:
                     for i, tokens in zip(rows, batch):
                         new[i] = tokens
         width = max((len(t) for t in new), default=0)
-        out = torch.full((ids.shape[0], ids.shape[1] + width), pad, dtype=ids.dtype, device=ids.device)
-        out[:, : ids.shape[1]] = ids
+        out = torch.full((ids.shape[0], width), pad_id, dtype=ids.dtype, device=ids.device)
         for i, tokens in enumerate(new):
             if tokens:
-                out[i, ids.shape[1] : ids.shape[1] + len(tokens)] = torch.tensor(tokens, dtype=ids.dtype)
-        return out
+                out[i, : len(tokens)] = torch.tensor(tokens, dtype=ids.dtype)
+        return Sampled(out, None)
 
     def _generate_batch(
         self, model, prompts: list[list[int]], gen_kwargs: dict, adapter: str | None = None
@@ -341,18 +351,6 @@ def _quiet_persistent_manager_warning():
         yield
     finally:
         log.removeFilter(drop)
-
-
-def make_backend(args=None):
-    """The backend the trainer arguments ask for (`use_transformers_continuous_batching`), else HF generate()."""
-    if args is not None and getattr(args, "use_transformers_continuous_batching", False):
-        config = getattr(args, "transformers_continuous_batching_config", None)
-        if isinstance(config, str):  # from the command line
-            import json
-
-            config = json.loads(config)
-        return ContinuousBatchingBackend(config)
-    return GenerateBackend()
 
 
 def _check_config_keys(config: dict) -> None:

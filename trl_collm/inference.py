@@ -1,17 +1,33 @@
 """Run a trained team decentralized: no critic, each agent sees only its own observations, agents in parallel.
 
-from trl_collm.inference import load_team, play
+from trl_collm.inference import load_team, play, saved_settings
 team = load_team("outputs/quickstart")          # a folder written by save_model()
-episodes = play(team, env, rows, num_turns=1)   # transcripts and rewards
+settings = saved_settings("outputs/quickstart") # the sampling settings it was trained with (greedy decoding)
+episodes = play(team, env, rows, num_turns=1, settings=settings)   # transcripts and rewards
 """
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from .rollout import run_episodes
+from .sampling import GenerationBackend, Sampler, SamplingSettings, make_backend
 from .saved_team import TEAM_FILE, load_team, read_team_file  # noqa: F401  (the saved-team format lives there)
 from .team import AgentTeam
+
+
+def saved_settings(folder: str, greedy: bool = True, **overrides) -> SamplingSettings:
+    """The sampling settings a saved team (a folder written by save_model(), or a Hub repo id) was trained with, as
+    `team.json` records them; `greedy` decodes greedily instead of sampling, `overrides` replace recorded fields
+    (None keeps the recorded value), e.g. `max_new_tokens=16`."""
+    if not os.path.isdir(folder):  # a Hub repo id: load_team fetched (and cached) it already
+        from huggingface_hub import snapshot_download
+
+        folder = snapshot_download(folder)
+    entry = read_team_file(folder).get("generation") or {}
+    return SamplingSettings.from_team_json(entry, greedy=greedy, **overrides)
 
 
 @torch.no_grad()
@@ -20,18 +36,18 @@ def play(
     env,
     rows: list[dict],
     num_turns: int = 1,
-    max_new_tokens: int = 64,
-    greedy: bool = True,
-    temperature: float = 0.7,
+    settings: SamplingSettings | None = None,
     device=None,
+    backend: GenerationBackend | None = None,
 ) -> list[dict]:
-    """Episodes run decentralized; returns one transcript per row: per turn each agent's prompt, answer, reward."""
+    """Episodes run decentralized; returns one transcript per row: per turn each agent's prompt, answer, reward.
+
+    `settings`: how to sample (`saved_settings(folder)` gives the training's; default: greedy, 64 new tokens).
+    `backend`: who samples (default: HF generate())."""
     device = device or next(team.parameters()).device
-    tok = team.tokenizers[team.names[0]]
-    gen_kwargs = dict(max_new_tokens=max_new_tokens, do_sample=not greedy, pad_token_id=tok.pad_token_id)
-    if not greedy:
-        gen_kwargs["temperature"] = temperature
-    roll = run_episodes(team, env, rows, num_turns, device, gen_kwargs)
+    settings = settings or SamplingSettings(max_new_tokens=64, greedy=True)
+    sampler = Sampler(team, backend or make_backend(), settings, device)
+    roll = run_episodes(sampler, env, rows, num_turns)
     transcripts = []
     for e in range(len(rows)):
         turns = []

@@ -1,8 +1,8 @@
 """The one episode runner, shared by every trainer.
 
 For a batch of dataset rows it resets the environment, then for each turn asks every agent for a completion (one
-batched generate call per agent, or one call for the whole team on a shared base), steps the environment and stops
-episodes that are done or whose turn reward clears the early-termination threshold.
+`Sampler` call: one batched backend call per agent, or one for the whole team on a shared base), steps the environment
+and stops episodes that are done or whose turn reward clears the early-termination threshold.
 """
 
 from __future__ import annotations
@@ -11,8 +11,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from . import chat
 from .envs import MultiAgentEnv
-from .team import AgentTeam, Generation, Observation
+from .sampling import Generation, Sampler
+from .team import Observation
 from .views import history_context
 
 
@@ -49,33 +51,46 @@ class Rollout:
 
 
 def _prompts_for(team, observations, episode_ids, histories, agent_context, t):
-    """Each agent's prompt for the given episodes: its observation, or (agent_context="history") its own past
-    observations and completions followed by the new observation.
-    histories[e] = (observations, completions) per agent."""
+    """Each agent's prompt for the given episodes: its observation (a conversation rendered with the agent's chat
+    template, trl_collm/chat.py), or (agent_context="history") its own past observations and completions followed by
+    the new observation. histories[e] = (observations, completions) per agent."""
     names = team.names
     prompts = {a: [] for a in names}
     contexts = {a: [] for a in names}
     for e in episode_ids:
         for i, a in enumerate(names):
             obs = observations[e][i]
-            text = team.decode_observation(a, obs)
-            histories[e][0][i].append(text)
+            histories[e][0][i].append(obs)
             if agent_context == "history" and t > 0:
-                text = history_context(histories[e][0][i], histories[e][1][i])
-                obs = text
+                obs = _history_prompt(team, a, histories[e][0][i], histories[e][1][i])
+            else:
+                obs = chat.agent_prompt(team.tokenizers[a], obs)
             prompts[a].append(obs)
-            contexts[a].append(text)
+            contexts[a].append(team.decode_observation(a, obs))
     return prompts, contexts
 
 
-def _play_turn(team, env, observations, episodes, histories, agent_context, t, turn_ids, generate):
+def _history_prompt(team, agent, observations, completions) -> str:
+    """The agent's history h_t = o_0, a_0, ..., o_t as one prompt: its conversation rendered with its template when
+    it is a chat, else the texts joined (views.history_context)."""
+    tok = team.tokenizers[agent]
+
+    def decode(ids):
+        return team.decode_observation(agent, ids)
+
+    if chat.wants_chat(tok, observations):
+        return chat.render(tok, chat.history_messages(observations, completions, decode))
+    return history_context([decode(chat.agent_prompt(tok, o)) for o in observations], completions)
+
+
+def _play_turn(sampler, env, observations, episodes, histories, agent_context, t, turn_ids):
     """One turn for the given running episodes: prompts -> one batched generation -> env step.
 
     Returns the turn's AgentTurn per agent (rows indexed by `turn_ids`), the step result, and the ended-turn flags
     (env done or, via the caller, early termination)."""
-    names = team.names
-    prompts, contexts = _prompts_for(team, observations, episodes, histories, agent_context, t)
-    gens = generate(prompts)
+    names = sampler.team.names
+    prompts, contexts = _prompts_for(sampler.team, observations, episodes, histories, agent_context, t)
+    gens = sampler(prompts)
     turn = {a: AgentTurn(a, t, turn_ids, prompts[a], contexts[a], gens[a]) for a in names}
     completions = [[gens[a].texts[k] for a in names] for k in range(len(episodes))]
     for k, e in enumerate(episodes):
@@ -101,24 +116,15 @@ def _ended(step, early_termination_threshold: float | None) -> torch.Tensor:
 
 
 def run_episodes(
-    team: AgentTeam,
+    sampler: Sampler,
     env: MultiAgentEnv,
     rows: list[dict],
     num_turns: int,
-    device,
-    gen_kwargs: dict,
     agent_context: str = "observation",
     early_termination_threshold: float | None = None,
-    stop_token_id: int | None = None,
-    generation_batch_size: int | None = None,
-    unwrap=None,
 ) -> Rollout:
-    names = team.names
+    names = sampler.team.names
     n, E = len(names), len(rows)
-
-    def generate(prompts):
-        return team.generate(prompts, device, gen_kwargs, stop_token_id, generation_batch_size, unwrap)
-
     observations = env.reset_batch(rows, n, names)  # E lists of n observations (validated by the env layer)
     rewards = torch.zeros(E, num_turns, n)
     turn_mask = torch.zeros(E, num_turns, dtype=torch.bool)
@@ -130,7 +136,7 @@ def run_episodes(
         if not active:
             break
         ids = torch.tensor(active, dtype=torch.long)
-        turn, step = _play_turn(team, env, observations, active, histories, agent_context, t, ids, generate)
+        turn, step = _play_turn(sampler, env, observations, active, histories, agent_context, t, ids)
         turns.append(turn)
         rewards[ids, t] = step.rewards.float().cpu()
         turn_mask[ids, t] = True
@@ -185,28 +191,19 @@ class SampleTree:
 
 
 def run_tree(
-    team: AgentTeam,
+    sampler: Sampler,
     env: MultiAgentEnv,
     rows: list[dict],
     num_turns: int,
     num_generations: int,
     expansion: str,
-    device,
-    gen_kwargs: dict,
     agent_context: str = "observation",
     early_termination_threshold: float | None = None,
-    stop_token_id: int | None = None,
-    generation_batch_size: int | None = None,
-    unwrap=None,
 ) -> SampleTree:
     """G samples per agent per prompt, joint actions index-aligned; multi-turn by tree expansion (each node samples
     G children: G^T leaves per prompt) or per branch (G independent branches: G*T generations per prompt)."""
-    names = team.names
+    names = sampler.team.names
     n, G = len(names), num_generations
-
-    def generate(prompts):
-        return team.generate(prompts, device, gen_kwargs, stop_token_id, generation_batch_size, unwrap)
-
     root_rows = [row for row in rows for _ in range(G)]
     observations = dict(enumerate(env.reset_batch(root_rows, n, names)))
     episodes = list(range(len(root_rows)))
@@ -220,7 +217,7 @@ def run_tree(
         if not episodes:
             break
         turn, step = _play_turn(
-            team, env, observations, episodes, histories, agent_context, t, torch.arange(len(episodes)), generate
+            sampler, env, observations, episodes, histories, agent_context, t, torch.arange(len(episodes))
         )
         tree.turns.append(turn)
         rewards = step.rewards.float().cpu()
@@ -250,31 +247,26 @@ def run_tree(
 
 
 def run_cross(
-    team: AgentTeam,
+    sampler: Sampler,
     env: MultiAgentEnv,
     rows: list[dict],
     num_generations: int,
     max_combinations: int,
-    device,
-    gen_kwargs: dict,
     generator: torch.Generator,
-    stop_token_id: int | None = None,
-    generation_batch_size: int | None = None,
-    unwrap=None,
 ) -> SampleTree:
     """Single turn, cross product: every agent samples G completions per prompt; the joint actions are all G^n
     combinations (or `max_combinations` of them drawn without replacement); each agent's sample is credited with the
     mean reward it received over the combinations it took part in."""
     import itertools
 
-    names = team.names
+    team, names = sampler.team, sampler.team.names
     n, G, E = len(names), num_generations, len(rows)
     observations = env.reset_batch(rows, n, names)
     sample_rows = [e for e in range(E) for _ in range(G)]
     histories = {k: ([[] for _ in names], [[] for _ in names]) for k in range(E * G)}
     obs_per_sample = {k: observations[sample_rows[k]] for k in range(E * G)}
     prompts, contexts = _prompts_for(team, obs_per_sample, range(E * G), histories, "observation", 0)
-    gens = team.generate(prompts, device, gen_kwargs, stop_token_id, generation_batch_size, unwrap)
+    gens = sampler(prompts)
     combos = []  # (row, (g_1, ..., g_n))
     total = G**n
     for e in range(E):

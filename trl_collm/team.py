@@ -2,9 +2,10 @@
 
 `AgentTeam` owns the policies, their tokenizers and their reference policies, and knows how to
 - encode observations (text or token ids) with each agent's tokenizer (left padding),
-- generate for a whole batch per agent, or for all agents in one call when they are adapters on one base,
 - compute per-token log-probs of given responses (policy and reference),
 - save itself as one folder per agent.
+
+It holds models, not generation state: sampling is `trl_collm.sampling.Sampler`'s (a team, a backend, the settings).
 """
 
 from __future__ import annotations
@@ -12,29 +13,11 @@ from __future__ import annotations
 import contextlib
 import copy
 import warnings
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from .generation import GenerateBackend
-
 Observation = str | list[int]
-
-
-@dataclass
-class Generation:
-    """What one agent produced for a batch of prompts (B rows)."""
-
-    query_ids: torch.Tensor  # (B, Lq) left-padded prompt tokens
-    query_mask: torch.Tensor  # (B, Lq) 1 on real prompt tokens
-    response_ids: torch.Tensor  # (B, Lr) sampled tokens, pad after the stop token
-    response_mask: torch.Tensor  # (B, Lr) bool: tokens up to and including the first stop token
-    texts: list[str]  # decoded responses (stop token and padding removed)
-    ended: torch.Tensor  # (B,) bool: the response contains the stop token
-    # (B, Lr) log softmax(logits / T) of each sampled token as the sampler saw it (0 after the stop token), when the
-    # team was asked for them (`sampler_logprob_temperature`) and the backend records them; else None
-    sampled_logprobs: torch.Tensor | None = None
 
 
 def _set_adapter_keep_grads(model, name: str, trainable: list[str]) -> None:
@@ -71,6 +54,7 @@ class AgentTeam(nn.Module):
         policies: dict[str, nn.Module] | None = None,
         shared_base: nn.Module | None = None,
         ref_policies: dict[str, nn.Module | None] | None = None,
+        share_prefix: bool = True,
     ):
         super().__init__()
         if (policies is None) == (shared_base is None):
@@ -93,11 +77,8 @@ class AgentTeam(nn.Module):
         # Longest prompt per agent in tokens (set by the trainer); longer prompts keep their last tokens.
         self.prompt_limits: dict[str, int | None] = {}
         self._pad_ids: dict[str, int] = {}
-        self.share_prefix = True  # compute the rows' common prompt prefix once (trl_collm/prefix.py)
-        # How prompts become tokens (trl_collm/generation.py): HF generate() unless the trainer picks another backend.
-        self.generation_backend = GenerateBackend()
-        # Set by the PPO trainer: record the sampled tokens' log-probs at this temperature while generating (None: off)
-        self.sampler_logprob_temperature: float | None = None
+        # Compute the rows' common prompt prefix once in the team's forwards and its critics' (trl_collm/prefix.py).
+        self.share_prefix = share_prefix
 
     # ------------------------------------------------------------------ access
     def model_of(self, name: str) -> nn.Module:
@@ -166,85 +147,6 @@ class AgentTeam(nn.Module):
         if isinstance(obs, str):
             return obs
         return self.tokenizers[name].decode(obs, skip_special_tokens=True)
-
-    def stop_token_id(self, name: str, override: int | None = None) -> int:
-        return override if override is not None else self.tokenizers[name].eos_token_id
-
-    # ------------------------------------------------------------------ generation
-    @torch.no_grad()
-    def generate(
-        self,
-        observations: dict[str, list[Observation]],
-        device,
-        gen_kwargs: dict,
-        stop_token_id: int | None = None,
-        batch_size: int | None = None,
-        unwrap=None,
-    ) -> dict[str, Generation]:
-        """Sample one completion per observation for every agent.
-
-        Separate models: one backend call per agent over its whole batch. Shared base: one call for all agents, each
-        row routed to its agent's adapter (PEFT mixed-adapter batch; the continuous-batching backend runs one
-        adapter at a time). `self.generation_backend` does the sampling (trl_collm/generation.py).
-        `unwrap` is a context-manager factory (model -> model) used to gather ZeRO-3 weights, or None.
-        """
-        unwrap = unwrap or contextlib.nullcontext
-        record = {}
-        if self.sampler_logprob_temperature is not None and getattr(self.generation_backend, "records_logprobs", False):
-            record = {"logprob_temperature": self.sampler_logprob_temperature}
-
-        def run(*args, **kwargs):  # the backend's (sequences, log-probs), log-probs None when not recorded
-            out = self.generation_backend.generate(*args, **kwargs, **record)
-            return out if record else (out, None)
-
-        if self.layout == "shared_base":
-            names = [n for n in self.names if observations.get(n)]
-            encoded = {n: self.encode(n, observations[n], device) for n in names}
-            all_rows = [row for n in names for row in _unpad_rows(*encoded[n])]
-            ids, mask = _left_pad(all_rows, self.pad_id(self.names[0]), device)
-            adapter_names = [n for n in names for _ in range(len(observations[n]))]
-            with unwrap(self.shared_base) as model:
-                kwargs = dict(gen_kwargs, pad_token_id=self.pad_id(self.names[0]))  # finished rows feed it back in
-                out, logprobs = run(
-                    model, ids, mask, kwargs, batch_size, adapter_names, self.share_prefix, use_adapter=self.active
-                )
-            result, start = {}, 0
-            for n in names:
-                count = len(observations[n])
-                rows = slice(start, start + count)
-                lp = logprobs[rows] if logprobs is not None else None
-                result[n] = self._finish(n, ids[rows], mask[rows], out[rows, ids.shape[1] :], stop_token_id, lp)
-                # Each agent's own prompt padding may be shorter than the joint one; trim the shared left padding.
-                result[n] = _trim_left(result[n])
-                start += count
-            return result
-        result = {}
-        for n in self.names:
-            if not observations.get(n):
-                continue
-            ids, mask = self.encode(n, observations[n], device)
-            with unwrap(self.policies[n]) as model:
-                kwargs = dict(gen_kwargs, pad_token_id=self.pad_id(n))  # finished rows feed it back in
-                out, logprobs = run(model, ids, mask, kwargs, batch_size, None, self.share_prefix)
-            result[n] = self._finish(n, ids, mask, out[:, ids.shape[1] :], stop_token_id, logprobs)
-        return result
-
-    def _finish(self, name, query_ids, query_mask, response_ids, stop_token_id, logprobs=None) -> Generation:
-        tok = self.tokenizers[name]
-        stop = self.stop_token_id(name, stop_token_id)
-        is_stop = response_ids == stop
-        # Everything after the first stop token is padding; the stop token itself belongs to the action.
-        after_stop = (is_stop.long().cumsum(-1) - is_stop.long()) > 0
-        response_mask = ~after_stop
-        ended = is_stop.any(-1)
-        response_ids = response_ids.masked_fill(~response_mask, self.pad_id(name))
-        texts = [
-            tok.decode(r[m & (r != stop)].tolist(), skip_special_tokens=True)
-            for r, m in zip(response_ids, response_mask)
-        ]
-        if logprobs is not None:
-            logprobs = logprobs.masked_fill(~response_mask, 0.0)
-        return Generation(query_ids, query_mask, response_ids, response_mask, texts, ended, logprobs)
 
     # ------------------------------------------------------------------ log-probs
     def logprobs(
@@ -357,16 +259,6 @@ def _left_pad(rows: list[list[int]], pad_id: int, device):
 
 def _unpad_rows(ids, mask) -> list[list[int]]:
     return [row[m.bool()].tolist() for row, m in zip(ids, mask)]
-
-
-def _trim_left(gen: Generation) -> Generation:
-    keep = gen.query_mask.any(0)
-    if keep.all() or not keep.any():
-        return gen
-    first = int(keep.nonzero()[0])
-    gen.query_ids = gen.query_ids[:, first:]
-    gen.query_mask = gen.query_mask[:, first:]
-    return gen
 
 
 def max_positions(model: nn.Module) -> int | None:

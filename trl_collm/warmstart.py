@@ -340,6 +340,7 @@ def rollout_team(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from .rollout import run_episodes
+    from .sampling import Sampler, SamplingSettings, make_backend
     from .tasks import get_task
     from .team import AgentTeam
 
@@ -352,14 +353,12 @@ def rollout_team(
         policies = {a: AutoModelForCausalLM.from_pretrained(paths[a]).eval() for a in spec.agent_names}
         tokenizers = {a: AutoTokenizer.from_pretrained(paths[a]) for a in spec.agent_names}
         team = AgentTeam(spec.agent_names, tokenizers, policies=policies)
-    tok = team.tokenizers[team.names[0]]
-    gen_kwargs = dict(max_new_tokens=max_new_tokens, do_sample=temperature > 0, pad_token_id=tok.pad_token_id)
-    if temperature > 0:
-        gen_kwargs.update(temperature=temperature, top_k=None, top_p=1.0)
-    device = next(team.parameters()).device
+    # temperature 0: greedy decoding; otherwise pure sampling at that temperature (no top-k / top-p filter)
+    settings = SamplingSettings(max_new_tokens, temperature=temperature or 1.0, greedy=temperature <= 0)
+    sampler = Sampler(team, make_backend(), settings, next(team.parameters()).device)
     with torch.random.fork_rng(devices=[]), torch.no_grad():
         torch.manual_seed(seed)
-        roll = run_episodes(team, env, list(rows), spec.num_turns, device, gen_kwargs)
+        roll = run_episodes(sampler, env, list(rows), spec.num_turns)
     return env, roll
 
 

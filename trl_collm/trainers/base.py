@@ -4,6 +4,7 @@ checkpoints, saving and the Hub push. The PPO and MC trainers only say how advan
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import logging
 import math
@@ -22,9 +23,9 @@ from trl.trainer.utils import disable_dropout_in_model
 from .. import saved_team
 from ..assembly import TeamModel, build_team, resolve_agent_names
 from ..envs import MultiAgentEnv, RewardFunctionEnv, RewardModelFunction, check_agent_names
-from ..generation import make_backend
 from ..numerics import NonFiniteSteps, gradients_finite
 from ..rollout import Rollout, run_episodes
+from ..sampling import Sampler, SamplingSettings, make_backend
 from . import checkpoints, distributed
 
 logger = logging.getLogger(__name__)
@@ -107,8 +108,6 @@ class TeamTrainerBase(_BaseTrainer):
         critic = self.build_critic(team, value_model, args, peft_config, critic_processing_class)
         self.env = build_env(env, reward_funcs, reward_model, prompt_formatters, args, team)
         _set_prompt_limits(team, args)
-        team.share_prefix = args.share_prompt_prefix  # read by the team's forwards and generation and by its critics
-        team.generation_backend = make_backend(args)  # generate() or continuous batching (trl_collm/generation.py)
         self.reward_model = reward_model
         team_model = TeamModel(team, critic)
         for module in [team_model] + [r for r in team._refs.values() if r is not None]:
@@ -128,6 +127,8 @@ class TeamTrainerBase(_BaseTrainer):
             optimizers=optimizers,
         )
         self.team, self.critic = team, critic
+        self.sampler = self.build_sampler()
+        self._last_loaded_step = None  # the global_step whose weights the backend has seen (TRL's pattern)
         for ref in team._refs.values():
             if ref is not None:
                 ref.to(self.accelerator.device)
@@ -340,26 +341,22 @@ class TeamTrainerBase(_BaseTrainer):
                     yield a, st, rows
 
     # ------------------------------------------------------------------ generation
-    def generation_kwargs(self, greedy: bool = False) -> dict:
-        args = self.args
-        tok = self.team.tokenizers[self.team.names[0]]
-        kwargs = dict(
-            max_new_tokens=args.response_length,
-            do_sample=not greedy,
-            temperature=args.temperature,
-            top_p=args.top_p,
-            top_k=args.top_k if args.top_k is not None else 0,
-            pad_token_id=tok.pad_token_id,
+    def build_sampler(self) -> Sampler:
+        """The run's sampler: the team, the backend the arguments ask for (trl_collm/sampling.py), the config's
+        sampling settings, and the DeepSpeed gathering and lockstep for generation."""
+        return Sampler(
+            self.team,
+            make_backend(self.args),
+            SamplingSettings.from_config(self.args),
+            self.accelerator.device,
+            unwrap=self._unwrap_for_generation(),
+            logprob_temperature=self.sampler_logprob_temperature(),
+            lockstep=lambda: distributed.generation_in_lockstep(self),
         )
-        if args.stop_token_id is not None:
-            kwargs["eos_token_id"] = args.stop_token_id
-        lockstep = distributed.generation_in_lockstep(self)
-        if lockstep is not None:
-            kwargs["synced_gpus"] = lockstep
-        if greedy:
-            for key in ("temperature", "top_p", "top_k"):  # sampling settings make generate() warn under greedy
-                kwargs.pop(key)
-        return kwargs
+
+    def sampler_logprob_temperature(self) -> float | None:
+        """The temperature at which the sampler records the sampled tokens' log-probs (None: not needed)."""
+        return None
 
     def _unwrap_for_generation(self):
         """A context-manager factory (module -> module) for generation under DeepSpeed, or None without it."""
@@ -367,22 +364,28 @@ class TeamTrainerBase(_BaseTrainer):
             return None
         return lambda module: distributed.generation_context(self, module)
 
+    def sampler_for_step(self, greedy: bool = False) -> Sampler:
+        """The sampler, told first when the weights moved since it last generated. `global_step` moves once per
+        iteration, after all of the iteration's optimizer steps (plain or DeepSpeed), so checking it here, before
+        every generation, is the one spot that covers both (TRL's `_last_loaded_step`)."""
+        if self._last_loaded_step != self.state.global_step:
+            self.sampler.backend.weights_changed()
+            self._last_loaded_step = self.state.global_step
+        if not greedy:
+            return self.sampler
+        return self.sampler.with_settings(dataclasses.replace(self.sampler.settings, greedy=True))
+
     def rollout(self, rows: list[dict], greedy: bool = False) -> Rollout:
         args = self.args
         self.model.eval()
         try:
             return run_episodes(
-                self.team,
+                self.sampler_for_step(greedy),
                 self.env,
                 rows,
                 args.num_turns,
-                self.accelerator.device,
-                self.generation_kwargs(greedy),
                 agent_context=args.agent_context,
                 early_termination_threshold=args.early_termination_threshold,
-                stop_token_id=args.stop_token_id,
-                generation_batch_size=args.local_rollout_forward_batch_size,
-                unwrap=self._unwrap_for_generation(),
             )
         except RuntimeError as e:
             if "probability tensor contains" not in str(e):
@@ -628,15 +631,11 @@ class TeamTrainerBase(_BaseTrainer):
     def team_description(self) -> dict:
         """The saved team's team.json (see `trl_collm.saved_team`)."""
         args = self.args
-        # Generation settings, so `trl-collm eval` / `play` (and the card) run the team as it was trained.
-        generation = {
-            "response_length": args.response_length,
-            "temperature": args.temperature,
-            "top_p": args.top_p,
-            "top_k": args.top_k,
-            "stop_token_id": args.stop_token_id,
-            "max_prompt_length": {a: self.team.prompt_limits.get(a) for a in self.team.names},
-        }
+        # The sampling settings, so `trl-collm eval` / `play` (and the card) run the team as it was trained.
+        generation = dict(
+            self.sampler.settings.to_team_json(),
+            max_prompt_length={a: self.team.prompt_limits.get(a) for a in self.team.names},
+        )
         return saved_team.describe_team(
             self.team, type(self).__name__, args.num_turns, args.preset, self.critic, generation=generation
         )

@@ -122,35 +122,20 @@ class MultiAgentMCTrainer(TeamTrainerBase):
     def sample(self, rows: list[dict]) -> SampleTree:
         args = self.args
         self.model.eval()
-        common = dict(
-            stop_token_id=args.stop_token_id,
-            generation_batch_size=args.local_rollout_forward_batch_size,
-            unwrap=self._unwrap_for_generation(),
-        )
+        sampler = self.sampler_for_step()
         if args.joint_mode == "cross":
             return run_cross(
-                self.team,
-                self.env,
-                rows,
-                args.num_generations,
-                args.max_joint_combinations,
-                self.accelerator.device,
-                self.generation_kwargs(),
-                self._generator,
-                **common,
+                sampler, self.env, rows, args.num_generations, args.max_joint_combinations, self._generator
             )
         return run_tree(
-            self.team,
+            sampler,
             self.env,
             rows,
             args.num_turns,
             args.num_generations,
             args.expansion,
-            self.accelerator.device,
-            self.generation_kwargs(),
             agent_context=args.agent_context,
             early_termination_threshold=args.early_termination_threshold,
-            **common,
         )
 
     def advantages(self, tree: SampleTree) -> MCAdvantages:

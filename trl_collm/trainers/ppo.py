@@ -106,8 +106,12 @@ class MultiAgentPPOTrainer(TeamTrainerBase):
             **kwargs,
         )
         self.value_rms = alg.RunningMeanStd() if args.value_normalization else None
-        if self._old_logprobs_from_sampler():
-            self.team.sampler_logprob_temperature = args.temperature if args.scale_logits_by_temperature else 1.0
+
+    def sampler_logprob_temperature(self) -> float | None:
+        """The policy's temperature in the loss, when the old log-probs come from the sampler."""
+        if not self._old_logprobs_from_sampler():
+            return None
+        return self.args.temperature if self.args.scale_logits_by_temperature else 1.0
 
     def _old_logprobs_from_sampler(self) -> bool:
         """Take the old log-probs from the sampler (one policy forward per agent and turn fewer in scoring, as TRL's

@@ -1,0 +1,319 @@
+"""The sampling seam: what the team is sampled with (`SamplingSettings`), who samples (a `GenerationBackend`), and the
+one object the runners call (`Sampler`).
+
+- `SamplingSettings` is the record `team.json` stores under "generation" and `load_team` / `trl-collm eval` / `play`
+  read back, so a saved team is sampled as it was trained.
+- `GenerationBackend` is the declared contract every backend implements (trl_collm/generation.py: HF `generate()`,
+  transformers' continuous batching; a vLLM engine plugs in the same way). Backends register under a name
+  (`register_backend`) and `make_backend(args)` builds the one the arguments ask for.
+- `Sampler` binds a team, a backend and the settings; the trainer builds it once and hands it to the runners
+  (trl_collm/rollout.py).
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import dataclasses
+from collections.abc import Callable
+from typing import ClassVar, NamedTuple
+
+import torch
+
+from . import chat
+from .team import AgentTeam, Observation, _left_pad, _unpad_rows
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingSettings:
+    """How completions are sampled. `top_k` None (or 0) and `top_p` 1.0 switch those filters off; `stop_token_ids`
+    empty means each agent's tokenizer eos token ends its completion; `greedy` decodes greedily (temperature, top-p and
+    top-k are then unused)."""
+
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+    greedy: bool = False
+
+    def __post_init__(self):
+        if self.top_k == 0:  # TRL's spelling of "off"; one spelling here so equal settings compare equal
+            object.__setattr__(self, "top_k", None)
+        object.__setattr__(self, "stop_token_ids", tuple(int(i) for i in self.stop_token_ids))
+        _check_settings(self)
+
+    @classmethod
+    def from_config(cls, args, greedy: bool = False) -> SamplingSettings:
+        """The settings of a trainer config (`response_length`, `temperature`, `top_p`, `top_k`, `stop_token_id`)."""
+        stop = getattr(args, "stop_token_id", None)
+        return cls(
+            max_new_tokens=args.response_length,
+            temperature=args.temperature,
+            top_p=args.top_p,
+            top_k=args.top_k,
+            stop_token_ids=() if stop is None else (stop,),
+            greedy=greedy,
+        )
+
+    def generate_kwargs(self, pad_id: int) -> dict:
+        """Keyword arguments for HF `generate()` (`pad_id`: what finished rows are fed back with)."""
+        kwargs = dict(max_new_tokens=self.max_new_tokens, do_sample=not self.greedy, pad_token_id=pad_id)
+        if not self.greedy:  # sampling settings make generate() warn under greedy decoding
+            kwargs.update(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k or 0)
+        if self.stop_token_ids:
+            stops = self.stop_token_ids
+            kwargs["eos_token_id"] = stops[0] if len(stops) == 1 else list(stops)
+        return kwargs
+
+    # ------------------------------------------------------------------ team.json
+    def to_team_json(self) -> dict:
+        """The "generation" entry of team.json (its key names predate this record; `greedy` is not stored: training
+        samples, and eval / play choose greedy or sampled decoding themselves)."""
+        stops = list(self.stop_token_ids)
+        return {
+            "response_length": self.max_new_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "stop_token_id": stops[0] if len(stops) == 1 else (stops or None),
+        }
+
+    @classmethod
+    def from_team_json(cls, entry: dict, greedy: bool = False, **overrides) -> SamplingSettings:
+        """The settings a team.json "generation" entry records (missing keys: the defaults; `overrides`: fields to
+        replace, e.g. from the command line, None meaning "keep the recorded value")."""
+        stop = entry.get("stop_token_id")
+        recorded = dict(
+            max_new_tokens=entry.get("response_length") or 64,
+            temperature=entry.get("temperature", 1.0),
+            top_p=entry.get("top_p", 1.0),
+            top_k=entry.get("top_k"),
+            stop_token_ids=() if stop is None else tuple(stop) if isinstance(stop, list) else (stop,),
+        )
+        recorded.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**recorded, greedy=greedy)
+
+
+def _check_settings(s: SamplingSettings) -> None:
+    if not isinstance(s.max_new_tokens, int) or isinstance(s.max_new_tokens, bool) or s.max_new_tokens < 1:
+        raise ValueError(f"SamplingSettings.max_new_tokens must be an integer >= 1, got {s.max_new_tokens!r}.")
+    if not s.greedy and not s.temperature > 0:
+        raise ValueError(f"SamplingSettings.temperature must be > 0 when sampling, got {s.temperature!r}.")
+    if not 0 < s.top_p <= 1:
+        raise ValueError(f"SamplingSettings.top_p must be in (0, 1], got {s.top_p!r}.")
+    if s.top_k is not None and (not isinstance(s.top_k, int) or s.top_k < 0):
+        raise ValueError(f"SamplingSettings.top_k must be None, 0 (off) or a positive integer, got {s.top_k!r}.")
+
+
+class Sampled(NamedTuple):
+    """What a backend returns for B prompts."""
+
+    tokens: torch.Tensor  # (B, L) the new tokens only, right-padded with the call's pad id
+    logprobs: torch.Tensor | None  # (B, L) the sampler's log-probs of those tokens, or None (see `records_logprobs`)
+
+
+class GenerationBackend(abc.ABC):
+    """How a batch of left-padded prompts becomes sampled tokens: the contract every backend implements.
+
+    A backend is built once per run (`from_config`), called for every batch of prompts (`generate`), told after
+    every optimizer step that the weights moved (`weights_changed`) and closed at the end (`close`). The `Sampler`
+    turns its tokens into `Generation`s (stop-token masks, decoded texts), so every backend ends completions the
+    same way.
+    """
+
+    name: ClassVar[str] = ""  # the registry key (`register_backend`)
+    # Whether `generate` can return the sampler's log-probs (`logprob_temperature`); when not, the caller computes them
+    # with a forward of its own (PPO's scoring forward).
+    records_logprobs: ClassVar[bool] = False
+
+    @classmethod
+    def from_config(cls, args) -> GenerationBackend:
+        """The backend for a trainer config or a command-line namespace (it reads its own fields)."""
+        return cls()
+
+    @abc.abstractmethod
+    def generate(
+        self,
+        model,
+        ids: torch.Tensor,
+        mask: torch.Tensor,
+        settings: SamplingSettings,
+        *,
+        pad_id: int,
+        adapter_names: list[str] | None = None,
+        use_adapter=None,
+        logprob_temperature: float | None = None,
+        lockstep: bool | None = None,
+    ) -> Sampled:
+        """Sample one completion per row of the left-padded prompts (`ids`, `mask`: (B, Lq)) from `model`.
+
+        `adapter_names`: for a LoRA team, the adapter of each row (`model` is then the shared PeftModel), with
+        `use_adapter(name)` a context manager that yields the model with that adapter active (for backends that run
+        one adapter at a time); None for a plain model. `logprob_temperature`: return the log-probs of the sampled
+        tokens under log softmax(logits / temperature) (honoured only when `records_logprobs`). `lockstep`:
+        generate()'s `synced_gpus` (ZeRO-3 decoding in step with the other ranks; None: not distributed); a backend
+        that cannot decode in lockstep raises when it is True.
+        """
+
+    def weights_changed(self) -> None:
+        """The model's weights were updated (called once the trainer's `global_step` has moved, before the next
+        generation). Backends that read the weights from the model at each call do nothing; an engine holding its
+        own copy (vLLM) reloads it here or on its next call."""
+        return None
+
+    def close(self) -> None:
+        """Free what the backend keeps between calls (caches, engines)."""
+        return None
+
+
+# name -> backend class. A new backend is one GenerationBackend subclass plus one register_backend call.
+BACKENDS: dict[str, type[GenerationBackend]] = {}
+
+
+def register_backend(cls: type[GenerationBackend]) -> type[GenerationBackend]:
+    """Make `cls.name` a generation backend (usable as a class decorator)."""
+    if not cls.name:
+        raise ValueError(f"{cls.__name__} has no `name`; set the name it registers under.")
+    BACKENDS[cls.name] = cls
+    return cls
+
+
+def backend_name(args) -> str:
+    """The backend the arguments ask for, by TRL's field names (`use_vllm`, `use_transformers_continuous_batching`)."""
+    if getattr(args, "use_vllm", False):
+        return "vllm"
+    if getattr(args, "use_transformers_continuous_batching", False):
+        return "continuous_batching"
+    return "generate"
+
+
+def make_backend(args=None) -> GenerationBackend:
+    """Build the backend the trainer config or command-line namespace asks for (HF generate() by default)."""
+    from . import generation  # noqa: F401  (registers the built-in backends)
+
+    name = backend_name(args)
+    if name not in BACKENDS:
+        raise ValueError(f"generation backend {name!r} is not available (registered: {sorted(BACKENDS)}).")
+    return BACKENDS[name].from_config(args)
+
+
+# ---------------------------------------------------------------------------------------------------------- Sampler
+@dataclasses.dataclass
+class Generation:
+    """What one agent produced for a batch of prompts (B rows)."""
+
+    query_ids: torch.Tensor  # (B, Lq) left-padded prompt tokens
+    query_mask: torch.Tensor  # (B, Lq) 1 on real prompt tokens
+    response_ids: torch.Tensor  # (B, Lr) sampled tokens, pad after the stop token
+    response_mask: torch.Tensor  # (B, Lr) bool: tokens up to and including the first stop token
+    texts: list[str]  # decoded responses (stop token and padding removed)
+    ended: torch.Tensor  # (B,) bool: the response contains the stop token
+    # (B, Lr) log softmax(logits / T) of each sampled token as the sampler saw it (0 after the stop token), when the
+    # sampler was asked for them (`Sampler.logprob_temperature`) and its backend records them; else None
+    sampled_logprobs: torch.Tensor | None = None
+
+
+@dataclasses.dataclass
+class Sampler:
+    """A team, a backend and the settings, bound once (by the trainer, or by `inference.play`); the runners call it.
+
+    Separate models: one backend call per agent over its whole batch. Shared base: one call for all agents, each row
+    routed to its agent's adapter. `unwrap`: a context-manager factory (model -> model) that gathers ZeRO-3 weights
+    for the call, or None. `logprob_temperature`: ask the backend for the sampled tokens' log-probs at that
+    temperature (PPO's old log-probs; None: not needed). `lockstep`: asked at each call for generate()'s
+    `synced_gpus` (ZeRO-3 gathering is set up when training starts), or None.
+    """
+
+    team: AgentTeam
+    backend: GenerationBackend
+    settings: SamplingSettings
+    device: torch.device | str = "cpu"
+    unwrap: Callable | None = None
+    logprob_temperature: float | None = None
+    lockstep: Callable[[], bool | None] | None = None
+
+    def with_settings(self, settings: SamplingSettings) -> Sampler:
+        """The same sampler with other settings (e.g. greedy decoding for evaluation)."""
+        return dataclasses.replace(self, settings=settings)
+
+    @torch.no_grad()
+    def __call__(self, observations: dict[str, list[Observation]]) -> dict[str, Generation]:
+        """Sample one completion per observation for every agent that has observations."""
+        team = self.team
+        names = [n for n in team.names if observations.get(n)]
+        if team.layout == "shared_base":
+            encoded = {n: team.encode(n, observations[n], self.device) for n in names}
+            rows = [row for n in names for row in _unpad_rows(*encoded[n])]
+            ids, mask = _left_pad(rows, team.pad_id(team.names[0]), self.device)
+            adapters = [n for n in names for _ in range(len(observations[n]))]
+            # One tokenizer on a shared base: the first agent's stop tokens are everyone's.
+            out = self._sample(team.shared_base, ids, mask, team.pad_id(team.names[0]), team.names[0], adapters)
+            result, start = {}, 0
+            for n in names:
+                part = slice(start, start + len(observations[n]))
+                lp = out.logprobs[part] if out.logprobs is not None else None
+                # Each agent's own prompt padding may be shorter than the joint one; trim the shared left padding.
+                result[n] = _trim_left(self._finish(n, ids[part], mask[part], out.tokens[part], lp))
+                start += len(observations[n])
+            return result
+        result = {}
+        for n in names:
+            ids, mask = team.encode(n, observations[n], self.device)
+            out = self._sample(team.policies[n], ids, mask, team.pad_id(n), n)
+            result[n] = self._finish(n, ids, mask, out.tokens, out.logprobs)
+        return result
+
+    def settings_for(self, name: str) -> SamplingSettings:
+        """Agent `name`'s settings: the team's, with its own stop tokens when the settings name none and its chat
+        template ends a turn with a token other than eos (trl_collm/chat.py; a mixed team has one per tokenizer)."""
+        if self.settings.stop_token_ids:
+            return self.settings
+        tok = self.team.tokenizers[name]
+        stops = chat.stop_token_ids(tok)
+        if stops == (getattr(tok, "eos_token_id", None),):  # eos alone: generate() stops there already
+            return self.settings
+        return dataclasses.replace(self.settings, stop_token_ids=stops)
+
+    def _sample(self, model, ids, mask, pad_id: int, agent: str, adapter_names: list[str] | None = None) -> Sampled:
+        unwrap = self.unwrap or contextlib.nullcontext
+        record = self.logprob_temperature if self.backend.records_logprobs else None
+        with unwrap(model) as m:
+            return self.backend.generate(
+                m,
+                ids,
+                mask,
+                self.settings_for(agent),
+                pad_id=pad_id,  # finished rows are fed it back in
+                adapter_names=adapter_names,
+                use_adapter=self.team.active if adapter_names is not None else None,
+                logprob_temperature=record,
+                lockstep=self.lockstep() if self.lockstep is not None else None,
+            )
+
+    def _finish(self, name, query_ids, query_mask, response_ids, logprobs=None) -> Generation:
+        tok = self.team.tokenizers[name]
+        stops = self.settings_for(name).stop_token_ids or (tok.eos_token_id,)
+        is_stop = torch.isin(response_ids, torch.tensor(stops, device=response_ids.device))
+        # Everything after the first stop token is padding; the stop token itself belongs to the action.
+        after_stop = (is_stop.long().cumsum(-1) - is_stop.long()) > 0
+        response_mask = ~after_stop
+        ended = is_stop.any(-1)
+        response_ids = response_ids.masked_fill(~response_mask, self.team.pad_id(name))
+        texts = [
+            tok.decode(r[m & ~s].tolist(), skip_special_tokens=True)
+            for r, m, s in zip(response_ids, response_mask, is_stop)
+        ]
+        if logprobs is not None:
+            logprobs = logprobs.masked_fill(~response_mask, 0.0)
+        return Generation(query_ids, query_mask, response_ids, response_mask, texts, ended, logprobs)
+
+
+def _trim_left(gen: Generation) -> Generation:
+    keep = gen.query_mask.any(0)
+    if keep.all() or not keep.any():
+        return gen
+    first = int(keep.nonzero()[0])
+    gen.query_ids = gen.query_ids[:, first:]
+    gen.query_mask = gen.query_mask[:, first:]
+    return gen
