@@ -71,12 +71,14 @@ TASKS = {
 SMOKE = dict(budget=8, batch=4, response_length=8, eval_limit=2, eval_repeats=1, seeds=(0,))
 
 
-def settings(task: str, smoke: bool = False, budget: int | None = None) -> dict:
+def settings(task: str, smoke: bool = False, budget: int | None = None, batch: int | None = None) -> dict:
     s = dict(TASKS[task])
     if smoke:
         s.update(SMOKE, lrs=s["lrs"][:1])
     if budget is not None:
         s["budget"] = int(budget)
+    if batch is not None:
+        s["batch"] = int(batch)
     return s
 
 
@@ -288,8 +290,14 @@ COLUMNS = {
 }
 
 
-def run_path(out_dir, task, method, seed, lr, budget) -> str:
-    return os.path.join(out_dir, task, f"{method}-seed{seed}-lr{lr:g}-b{budget}.json")
+def run_path(out_dir, task, method, seed, lr, s) -> str:
+    """A run's file: the settings that change its numbers are in its name, so runs of other sizes never mix."""
+    name = f"{method}-seed{seed}-lr{lr:g}-b{s['budget']}-bs{s['batch']}-t{s['response_length']}.json"
+    return os.path.join(out_dir, task, name)
+
+
+def start_path(out_dir, task, s) -> str:
+    return os.path.join(out_dir, task, f"start-t{s['response_length']}.json")
 
 
 def load_runs(out_dir, task) -> list[dict]:
@@ -313,9 +321,10 @@ def choose_rates(runs, methods, sweep_seed) -> dict:
 def report(task, out_dir, png_prefix, s, sweep_seed) -> str:
     """The table (Markdown) from the runs saved so far, labelled with how complete each cell is; writes the JSON
     and the learning-curve figure."""
-    start_path = os.path.join(out_dir, task, "start.json")
-    start = json.load(open(start_path)) if os.path.exists(start_path) else None
-    runs = [r for r in load_runs(out_dir, task) if r["budget"] == s["budget"]]
+    path = start_path(out_dir, task, s)
+    start = json.load(open(path)) if os.path.exists(path) else None
+    size = ("budget", "batch", "response_length")
+    runs = [r for r in load_runs(out_dir, task) if all(r[k] == s[k] for k in size)]
     chosen = choose_rates(runs, s["methods"], sweep_seed)
     mine = [r for r in runs if r["lr"] == chosen.get(r["method"])]
     lines = [f"## {task}: {s['describe']}", ""]
@@ -377,10 +386,10 @@ def child(task, what, seed, lr, s, out_dir):
     torch.set_num_threads(1)
     if what == "start":
         row = dict(evaluate(task, s), model=MODEL)
-        path = os.path.join(out_dir, task, "start.json")
+        path = start_path(out_dir, task, s)
     else:
         row = run_one(task, what, seed, lr, s)
-        path = run_path(out_dir, task, what, seed, lr, s["budget"])
+        path = run_path(out_dir, task, what, seed, lr, s)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path + ".tmp", "w") as f:
         json.dump(row, f)
@@ -395,6 +404,7 @@ def main():
     p.add_argument("--lrs", nargs="+", type=float, default=None, help="learning rates swept (every method alike)")
     p.add_argument("--sweep-seed", type=int, default=0, help="the seed every rate runs on; the others use the best")
     p.add_argument("--budget", type=int, default=None, help="env steps per run (default per task)")
+    p.add_argument("--batch", type=int, default=None, help="episodes (PPO) or samples (MC) per iteration")
     p.add_argument("--jobs", type=int, default=1, help="runs at once (separate processes, one CPU thread each)")
     p.add_argument("--out-dir", default=None, help="default docs/data/real_findings (/tmp/real_findings_smoke)")
     p.add_argument("--png-prefix", default=None, help="default docs/real_findings")
@@ -404,7 +414,7 @@ def main():
     a = p.parse_args()
     if a.jobs < 1:
         p.error("--jobs must be at least 1")
-    s = settings(a.task, a.smoke, a.budget)
+    s = settings(a.task, a.smoke, a.budget, a.batch)
     for key in ("methods", "seeds", "lrs"):
         if getattr(a, key):
             s[key] = tuple(getattr(a, key))
@@ -419,15 +429,12 @@ def main():
 
     def launch(job):
         what, seed, lr = job
-        path = (
-            os.path.join(out_dir, a.task, "start.json")
-            if what == "start"
-            else run_path(out_dir, a.task, what, seed, lr, s["budget"])
-        )
+        path = start_path(out_dir, a.task, s) if what == "start" else run_path(out_dir, a.task, what, seed, lr, s)
         if os.path.exists(path) or a.report_only:
             return
         cmd = [sys.executable, os.path.abspath(__file__), a.task, "--child", what, str(seed), repr(lr)]
-        cmd += ["--out-dir", out_dir, "--budget", str(s["budget"])] + (["--smoke"] if a.smoke else [])
+        cmd += ["--out-dir", out_dir, "--budget", str(s["budget"]), "--batch", str(s["batch"])]
+        cmd += ["--smoke"] if a.smoke else []
         t0 = time.time()
         out = subprocess.run(
             cmd, check=False, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1")

@@ -52,6 +52,8 @@ def _run(method, seed, lr, curve, ret, steps=None):
         seed=seed,
         lr=lr,
         budget=16,
+        batch=4,
+        response_length=96,
         env_steps=steps or curve[-1][0],
         curve=curve,
         eval=dict(ev, prompt_form="chat"),
@@ -69,13 +71,17 @@ def test_rates_chosen_on_the_sweep_seed_and_partial_cells_labelled(tmp_path):
     assert real_findings.choose_rates(runs, ("cc", "dc", "mc"), 0) == {"cc": 1e-3, "mc": 1e-3}
     task_dir = tmp_path / "writing-summary"
     task_dir.mkdir()
-    for r in runs:
-        with open(real_findings.run_path(str(tmp_path), r["task"], r["method"], r["seed"], r["lr"], 16), "w") as f:
-            json.dump(r, f)
-    start = dict(_run("cc", 0, 0, [(0, 0)], 0.5)["eval"])
-    (task_dir / "start.json").write_text(json.dumps(start))
-    s = real_findings.settings("writing-summary", budget=16)
+    s = real_findings.settings("writing-summary", budget=16, batch=4)
     s["seeds"] = (0, 1)
+    for r in runs:
+        with open(real_findings.run_path(str(tmp_path), r["task"], r["method"], r["seed"], r["lr"], s), "w") as f:
+            json.dump(r, f)
+    other = dict(runs[0], batch=8, seed=1)  # another batch size: a different experiment, left out of this table
+    with open(real_findings.run_path(str(tmp_path), "writing-summary", "cc", 1, 1e-3, dict(s, batch=8)), "w") as f:
+        json.dump(other, f)
+    start = dict(_run("cc", 0, 0, [(0, 0)], 0.5)["eval"])
+    with open(real_findings.start_path(str(tmp_path), "writing-summary", s), "w") as f:
+        json.dump(start, f)
     text = real_findings.report("writing-summary", str(tmp_path), str(tmp_path / "fig"), s, 0)
     assert "CC: lr 0.001 chosen of [0.0003, 0.001], 2/2 seeds, [16] env steps (target 16)\n" in text + "\n"
     assert "DC: no run yet - MISSING" in text
