@@ -332,17 +332,22 @@ def report(task, out_dir, png_prefix, s, sweep_seed) -> str:
         lines.append(f"starting model: {start['prompt_form']} prompts, {start['episodes']} held-out plays")
     forms = sorted({r["eval"]["prompt_form"] for r in runs})
     lines.append(f"trained runs' prompts: {', '.join(forms) or '-'}")
+    # Completeness against the issue's target (TASKS), not against this call's --budget / --seeds: a cut budget
+    # is reported as a cut.
+    target = TASKS[task]
     cells = []
     for m in s["methods"]:
         got = [r for r in mine if r["method"] == m]
+        if not got:
+            cells.append(f"{m.upper()}: no run yet - MISSING")
+            continue
         steps = sorted({r["env_steps"] for r in got})
-        partial = len(got) < len(s["seeds"]) or any(x < s["budget"] for x in steps)
+        rates = sorted({r["lr"] for r in runs if r["method"] == m})
+        partial = len(got) < len(target["seeds"]) or min(steps) < target["budget"] or len(rates) < len(target["lrs"])
         cells.append(
-            f"{m.upper()}: lr {chosen[m]:g} chosen of {sorted({r['lr'] for r in runs if r['method'] == m})}, "
-            f"{len(got)}/{len(s['seeds'])} seeds, {steps} env steps (target {s['budget']})"
+            f"{m.upper()}: lr {chosen[m]:g} chosen of {rates} (target {list(target['lrs'])}), "
+            f"{len(got)}/{len(target['seeds'])} seeds, {steps} env steps (target {target['budget']})"
             + (" - PARTIAL" if partial else "")
-            if got
-            else f"{m.upper()}: no run yet - MISSING"
         )
     lines += ["", *(f"- {c}" for c in cells), ""]
     blob = dict(task=task, settings=s, start=start, chosen=chosen, runs=runs)

@@ -83,9 +83,12 @@ def test_rates_chosen_on_the_sweep_seed_and_partial_cells_labelled(tmp_path):
     with open(real_findings.start_path(str(tmp_path), "writing-summary", s), "w") as f:
         json.dump(start, f)
     text = real_findings.report("writing-summary", str(tmp_path), str(tmp_path / "fig"), s, 0)
-    assert "CC: lr 0.001 chosen of [0.0003, 0.001], 2/2 seeds, [16] env steps (target 16)\n" in text + "\n"
+    # completeness is against the target (3 seeds, 128 env steps, 2 rates), whatever this call ran
+    cc = "CC: lr 0.001 chosen of [0.0003, 0.001] (target [0.0003, 0.001]), 2/3 seeds, [16] env steps (target 128)"
+    assert cc + " - PARTIAL" in text
     assert "DC: no run yet - MISSING" in text
-    assert "MC: lr 0.001 chosen of [0.001], 1/2 seeds, [8] env steps (target 16) - PARTIAL" in text
+    mc = "MC: lr 0.001 chosen of [0.001] (target [0.0003, 0.001]), 1/3 seeds, [8] env steps (target 128) - PARTIAL"
+    assert mc in text
     blob = json.loads((tmp_path / "real_findings_writing-summary.json").read_text())
     cc = next(r for r in blob["table"]["rows"] if r["method"] == "cc")
     assert cc["seeds"] == 2 and cc["cols"][0][0] == pytest.approx((1.4 + 1.2) / 2)  # the chosen rate's seeds only
