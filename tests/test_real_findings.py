@@ -8,6 +8,7 @@ import os
 import sys
 
 import pytest
+import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 import real_findings  # noqa: E402
@@ -94,3 +95,29 @@ def test_rates_chosen_on_the_sweep_seed_and_partial_cells_labelled(tmp_path):
     assert cc["seeds"] == 2 and cc["cols"][0][0] == pytest.approx((1.4 + 1.2) / 2)  # the chosen rate's seeds only
     assert "| starting model |" in text and "| 95.2 |" in text  # the paper's CC TLDR figure beside ours
     assert os.path.exists(str(tmp_path / "fig") + "_writing-summary_curves.png")
+
+
+def test_code_levels_take_each_episodes_last_attempt():
+    """Episode 0 ends at turn 1 (max score), episode 1 plays both turns: its turn-2 levels are the ones that count."""
+    from types import SimpleNamespace
+
+    def info(score, levels, passed, total):
+        return dict(score=score, levels=levels, tests_passed=passed, tests_total=total)
+
+    full = dict(definitions=1.0, syntax=0.5, tests=2.0, bonus=0.5)
+    roll = SimpleNamespace(
+        num_episodes=2,
+        agent_names=["aux", "main"],
+        turns=[
+            {"aux": SimpleNamespace(episode_ids=torch.tensor([0, 1]))},
+            {"aux": SimpleNamespace(episode_ids=torch.tensor([1]))},
+        ],
+        infos=[
+            [info(4.0, full, 3, 3), info(0.5, dict(definitions=0.5), 0, 0)],
+            [info(1.5, dict(definitions=1.0, syntax=0.5), 0, 3)],
+        ],
+    )
+    eps = real_findings.code_levels(roll)
+    assert [e["total"] for e in eps] == [4.0, 1.5] and [e["turns"] for e in eps] == [1, 2]
+    assert eps[0]["all_tests"] and not eps[1]["all_tests"]
+    assert eps[1]["definitions"] == 1.0 and eps[1]["syntax"] == 0.5 and eps[1]["tests"] == 0.0
