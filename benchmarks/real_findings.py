@@ -183,7 +183,34 @@ def evaluate(task: str, s: dict, team=None) -> dict:
 # ------------------------------------------------------------------------------------------- one run
 
 
-def run_one(task: str, method: str, seed: int, lr: float, s: dict) -> dict:
+def curves(history, args) -> tuple[list, list]:
+    """(env steps, mean training return) per iteration, and each iteration's per-level training rewards."""
+    steps, curve, levels = 0, [], []
+    for m in history:
+        # MC counts its nodes; PPO plays batch episodes of objective/turns turns each
+        steps += m["mc/nodes"] if "mc/nodes" in m else args.per_device_train_batch_size * m["objective/turns"]
+        curve.append((steps, m["objective/scores"]))
+        levels.append({k: v for k, v in m.items() if k.startswith("rewards/")})
+    return curve, levels
+
+
+def _progress_callback(trainer, args, path, meta):
+    """A callback writing the run's curve so far after every iteration (to `path`, marked partial): a run stopped
+    before its end (a deadline, a crash) still leaves a usable partial curve; the finished run's file replaces it."""
+    from transformers import TrainerCallback
+
+    class Progress(TrainerCallback):
+        def on_step_end(self, *_, **__):
+            curve, levels = curves(trainer.metrics_history, args)
+            row = dict(meta, partial=True, env_steps=curve[-1][0], curve=curve, level_curves=levels)
+            with open(path + ".tmp", "w") as f:
+                json.dump(row, f)
+            os.replace(path + ".tmp", path)
+
+    return Progress()
+
+
+def run_one(task: str, method: str, seed: int, lr: float, s: dict, progress_path: str | None = None) -> dict:
     """One training run in this process: the curve (env steps -> mean training return), per-level training
     curves, and the trained team's held-out scores."""
     import torch
@@ -238,25 +265,19 @@ def run_one(task: str, method: str, seed: int, lr: float, s: dict) -> dict:
         env=spec.make_env(),
         peft_config=LoraConfig(**LORA),
     )
+    meta = dict(task=task, method=method, seed=seed, lr=lr, budget=s["budget"], batch=s["batch"])
+    meta["response_length"] = s["response_length"]
+    if progress_path:
+        trainer.add_callback(_progress_callback(trainer, args, progress_path, meta))
     t0, c0 = time.time(), time.process_time()
     trainer.train()
     seconds, cpu_seconds = time.time() - t0, time.process_time() - c0
-    steps, curve, levels = 0, [], []
-    for m in trainer._metrics_history:
-        steps += m["mc/nodes"] if "mc/nodes" in m else args.per_device_train_batch_size * m["objective/turns"]
-        curve.append((steps, m["objective/scores"]))
-        levels.append({k: v for k, v in m.items() if k.startswith("rewards/")})
+    curve, levels = curves(trainer.metrics_history, args)
     team = trainer.team.eval()
     scores = evaluate(task, s, team=team)
     return dict(
-        task=task,
-        method=method,
-        seed=seed,
-        lr=lr,
-        budget=s["budget"],
-        batch=s["batch"],
-        response_length=s["response_length"],
-        env_steps=steps,
+        meta,
+        env_steps=curve[-1][0],
         curve=curve,
         level_curves=levels,
         eval=scores,
@@ -296,13 +317,18 @@ def run_path(out_dir, task, method, seed, lr, s) -> str:
     return os.path.join(out_dir, task, name)
 
 
+def partial_path(path) -> str:
+    return path[: -len(".json")] + ".partial"
+
+
 def start_path(out_dir, task, s) -> str:
     return os.path.join(out_dir, task, f"start-t{s['response_length']}.json")
 
 
-def load_runs(out_dir, task) -> list[dict]:
+def load_runs(out_dir, task, unfinished: bool = False) -> list[dict]:
+    """The finished runs (with held-out scores), or with unfinished=True the curves of runs stopped early."""
     runs = []
-    for path in sorted(glob.glob(os.path.join(out_dir, task, "*-seed*.json"))):
+    for path in sorted(glob.glob(os.path.join(out_dir, task, "*-seed*" + (".partial" if unfinished else ".json")))):
         with open(path) as f:
             runs.append(json.load(f))
     return runs
@@ -325,6 +351,7 @@ def report(task, out_dir, png_prefix, s, sweep_seed) -> str:
     start = json.load(open(path)) if os.path.exists(path) else None
     size = ("budget", "batch", "response_length")
     runs = [r for r in load_runs(out_dir, task) if all(r[k] == s[k] for k in size)]
+    stopped = [r for r in load_runs(out_dir, task, unfinished=True) if all(r[k] == s[k] for k in size)]
     chosen = choose_rates(runs, s["methods"], sweep_seed)
     mine = [r for r in runs if r["lr"] == chosen.get(r["method"])]
     lines = [f"## {task}: {s['describe']}", ""]
@@ -338,8 +365,10 @@ def report(task, out_dir, png_prefix, s, sweep_seed) -> str:
     cells = []
     for m in s["methods"]:
         got = [r for r in mine if r["method"] == m]
+        cut = [f"seed {r['seed']} lr {r['lr']:g} at {r['env_steps']}" for r in stopped if r["method"] == m]
+        cut = f"; unfinished (training curve so far, no held-out scores): {', '.join(cut)}" if cut else ""
         if not got:
-            cells.append(f"{m.upper()}: no run yet - MISSING")
+            cells.append(f"{m.upper()}: no finished run - MISSING{cut}")
             continue
         steps = sorted({r["env_steps"] for r in got})
         rates = sorted({r["lr"] for r in runs if r["method"] == m})
@@ -348,25 +377,29 @@ def report(task, out_dir, png_prefix, s, sweep_seed) -> str:
             f"{m.upper()}: lr {chosen[m]:g} chosen of {rates} (target {list(target['lrs'])}), "
             f"{len(got)}/{len(target['seeds'])} seeds, {steps} env steps (target {target['budget']})"
             + (" - PARTIAL" if partial else "")
+            + cut
         )
     lines += ["", *(f"- {c}" for c in cells), ""]
-    blob = dict(task=task, settings=s, start=start, chosen=chosen, runs=runs)
+    blob = dict(task=task, settings=s, start=start, chosen=chosen, runs=runs, stopped_early=stopped)
+    if (mine or stopped) and start:
+        try:
+            plot_curves(mine, stopped, task, f"{png_prefix}_{task}_curves.png", start["return_mean"], s)
+        except ImportError:
+            pass
     if mine and start:
         t = table(mine, task, start, COLUMNS[task])
         blob["table"] = t
         extra = ("paper TLDR %", lambda m: f"{PAPER_TLDR.get(m, '-')}") if task == "writing-summary" else None
         lines.append(format_table(t, COLUMNS[task], start_name="starting model", extra=extra))
-        try:
-            plot_curves(mine, task, f"{png_prefix}_{task}_curves.png", start["return_mean"], s)
-        except ImportError:
-            pass
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, f"real_findings_{task}.json"), "w") as f:
         json.dump(blob, f, indent=1)
     return "\n".join(lines)
 
 
-def plot_curves(runs, task, path, start_return, s):
+def plot_curves(runs, stopped, task, path, start_return, s):
+    """Each method's finished runs (mean and band over seeds); a method with none: its unfinished runs, so
+    labelled unfinished."""
     with _figure(
         path,
         (6.5, 3.8),
@@ -376,8 +409,14 @@ def plot_curves(runs, task, path, start_return, s):
     ) as ax:
         for m in s["methods"]:
             got = [r for r in runs if r["method"] == m]
+            early = not got
+            got = got or [r for r in stopped if r["method"] == m]
             if got:
                 plot_seed_band(ax, got, m)
+                if early:
+                    line = ax.get_lines()[-1]
+                    line.set_linestyle("--")
+                    line.set_label(line.get_label() + ", unfinished")
         ax.axhline(start_return, color="grey", ls="--", lw=1, label="starting model (held-out eval)")
 
 
@@ -393,12 +432,15 @@ def child(task, what, seed, lr, s, out_dir):
         row = dict(evaluate(task, s), model=MODEL)
         path = start_path(out_dir, task, s)
     else:
-        row = run_one(task, what, seed, lr, s)
         path = run_path(out_dir, task, what, seed, lr, s)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        row = run_one(task, what, seed, lr, s, progress_path=partial_path(path))
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path + ".tmp", "w") as f:
         json.dump(row, f)
     os.replace(path + ".tmp", path)  # a run file exists only once complete
+    if os.path.exists(partial_path(path)):
+        os.remove(partial_path(path))
 
 
 def main():

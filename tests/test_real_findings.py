@@ -80,6 +80,12 @@ def test_rates_chosen_on_the_sweep_seed_and_partial_cells_labelled(tmp_path):
     other = dict(runs[0], batch=8, seed=1)  # another batch size: a different experiment, left out of this table
     with open(real_findings.run_path(str(tmp_path), "writing-summary", "cc", 1, 1e-3, dict(s, batch=8)), "w") as f:
         json.dump(other, f)
+    dc = dict(_run("dc", 0, 1e-3, [(4, 0.5), (8, 0.7)], 0.0), partial=True)  # a run stopped after 2 iterations
+    dc.pop("eval")
+    with open(
+        real_findings.partial_path(real_findings.run_path(str(tmp_path), "writing-summary", "dc", 0, 1e-3, s)), "w"
+    ) as f:
+        json.dump(dc, f)
     start = dict(_run("cc", 0, 0, [(0, 0)], 0.5)["eval"])
     with open(real_findings.start_path(str(tmp_path), "writing-summary", s), "w") as f:
         json.dump(start, f)
@@ -87,7 +93,8 @@ def test_rates_chosen_on_the_sweep_seed_and_partial_cells_labelled(tmp_path):
     # completeness is against the target (3 seeds, 128 env steps, 2 rates), whatever this call ran
     cc = "CC: lr 0.001 chosen of [0.0003, 0.001] (target [0.0003, 0.001]), 2/3 seeds, [16] env steps (target 128)"
     assert cc + " - PARTIAL" in text
-    assert "DC: no run yet - MISSING" in text
+    dc = "DC: no finished run - MISSING; unfinished (training curve so far, no held-out scores): seed 0 lr 0.001 at 8"
+    assert dc in text
     mc = "MC: lr 0.001 chosen of [0.001] (target [0.0003, 0.001]), 1/3 seeds, [8] env steps (target 128) - PARTIAL"
     assert mc in text
     blob = json.loads((tmp_path / "real_findings_writing-summary.json").read_text())
