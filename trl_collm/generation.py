@@ -314,6 +314,8 @@ def backend_name(args) -> str:
 def make_backend(args=None) -> GenerationBackend:
     """Build the backend the trainer config or command-line namespace asks for (HF generate() by default;
     the built-ins above are registered by the time this module is imported)."""
+    from . import vllm_backend  # noqa: F401  (registers "vllm"; the vllm package itself is imported by an engine)
+
     name = backend_name(args)
     if name not in BACKENDS:
         raise ValueError(f"generation backend {name!r} is not available (registered: {sorted(BACKENDS)}).")

@@ -23,12 +23,12 @@ def user_errors(context: str = ""):
     """Inside this block (argument parsing, config validation, building the trainer: before any training step),
     ValueError / OSError (FileNotFoundError, a model path that does not exist, ...) are the user's to fix and
     become UsageError. Training, evaluation and saving run outside it: an error there is a bug and keeps its
-    traceback."""
+    traceback. A missing optional package (ImportError) is the user's to install."""
     try:
         yield
     except UsageError:
         raise
-    except (ValueError, OSError) as e:
+    except (ValueError, OSError, ImportError) as e:  # ImportError: an optional package is missing (vLLM)
         raise UsageError(f"{context}{e}") from e
     except RuntimeError as e:  # the code sandbox missing on this machine: its message already says the fix
         from ..sandbox.bwrap import SandboxUnavailable

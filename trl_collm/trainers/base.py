@@ -20,6 +20,7 @@ from transformers.trainer_utils import TrainOutput
 from trl.trainer.base_trainer import _BaseTrainer
 from trl.trainer.utils import disable_dropout_in_model
 
+from .. import algorithms as alg
 from .. import saved_team
 from ..assembly import TeamModel, build_team, resolve_agent_names
 from ..chat import agent_prompt
@@ -371,6 +372,33 @@ class TeamTrainerBase(_BaseTrainer):
             logprob_temperature=self.sampler_logprob_temperature(),
             lockstep=lambda: distributed.generation_in_lockstep(self),
         )
+
+    def importance_weights(self, agent: str, gen, rows, trainer_logprobs, mask, logs):
+        """The importance-sampling correction's (B, L) weights for rows sampled by vLLM (`vllm_importance_sampling_*`,
+        algorithms.importance_sampling_weights), or None when it does not apply. `trainer_logprobs`: the trainer's
+        log-probs of the sampled tokens under the weights that sampled them (PPO's old log-probs). Logs the
+        engine-vs-trainer log-prob gap and the mean weight."""
+        args = self.args
+        if not getattr(args, "use_vllm", False) or gen.engine_logprobs is None:
+            return None
+        engine = gen.engine_logprobs[rows].to(trainer_logprobs.device)
+        m = mask.bool()
+        gap = (trainer_logprobs.detach() - engine).abs()
+        logs["vllm/logprob_gap_mean"].append(float(alg.masked_mean(gap, m)))
+        logs["vllm/logprob_gap_max"].append(float(gap.masked_fill(~m, 0).max()) if m.any() else 0.0)
+        if not args.vllm_importance_sampling_correction:
+            return None
+        weights = alg.importance_sampling_weights(
+            trainer_logprobs.detach(),
+            engine,
+            m,
+            args.vllm_importance_sampling_mode,
+            args.vllm_importance_sampling_clip_min,
+            args.vllm_importance_sampling_clip_max,
+        )
+        logs["vllm/is_weight_mean"].append(float(alg.masked_mean(weights, m)))
+        logs[f"{agent}/vllm/is_weight_mean"].append(logs["vllm/is_weight_mean"][-1])
+        return weights
 
     def sampler_logprob_temperature(self) -> float | None:
         """The temperature at which the sampler records the sampled tokens' log-probs (None: not needed)."""
