@@ -1,6 +1,7 @@
 """How fast the command line answers: median wall time of `trl-collm --help`, `trl-collm tasks` and `import
 trl_collm` (lazy: no torch / transformers / TRL), next to what loading the trainers costs (what every command paid
-before the imports became lazy), all measured in the same run.
+before the imports became lazy), all measured in the same run. `trl-collm ppo --help` is timed twice: built (a
+fresh help cache each run: the parser imports transformers and torch) and kept (the text the first call stored).
 
     python benchmarks/bench_cli.py            # 7 runs of each
     python benchmarks/bench_cli.py --runs 15
@@ -16,6 +17,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -26,6 +28,8 @@ CASES = {
     "import trl_collm": [sys.executable, "-c", "import trl_collm"],
     "python (empty)": [sys.executable, "-c", "pass"],
     "import trl_collm + trainers (eager)": [sys.executable, "-c", "import trl_collm; trl_collm.MultiAgentPPOTrainer"],
+    "trl-collm ppo --help (built)": [sys.executable, "-m", "trl_collm.cli", "ppo", "--help"],
+    "trl-collm ppo --help (kept)": [sys.executable, "-m", "trl_collm.cli", "ppo", "--help"],
 }
 
 
@@ -40,10 +44,12 @@ def main() -> int:
     p.add_argument("--runs", type=int, default=7)
     a = p.parse_args()
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), HF_HUB_OFFLINE="1")
+    kept = tempfile.mkdtemp(prefix="bench_cli_help_")
     results = {name: [] for name in CASES}
     for _ in range(a.runs):  # interleaved, so a burst of load elsewhere hits every case alike
         for name, cmd in CASES.items():
-            results[name].append(time_once(cmd, env))
+            cache = tempfile.mkdtemp(prefix="bench_cli_help_") if name.endswith("(built)") else kept
+            results[name].append(time_once(cmd, dict(env, TRL_COLLM_CACHE=cache)))
     eager = statistics.median(results["import trl_collm + trainers (eager)"])
     print(f"median of {a.runs} runs, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
     print(f"{'command':40s} {'median s':>9s} {'min s':>7s} {'x eager':>8s}")

@@ -15,7 +15,8 @@ cannot reproduce the 1-process samples.
 Writes <out>/metrics.json (rank 0): per iteration, every metric averaged over the processes; rank 0's seconds in
 rollout / scoring / update per iteration (`phases_s`); and the fingerprint
 (sum, abs-sum in float64) of each agent's trained parameters at the end, gathered from all ranks under ZeRO-3.
-Saves the team to <out>/team.
+Saves the team to <out>/team. --save-steps / --stop-after / --resume: checkpoints, a stopped run and its resume
+(tests/test_deepspeed.py); --inf-loss-iteration: a loss made infinite on rank 0 (the non-finite step guard).
 """
 
 from __future__ import annotations
@@ -114,6 +115,39 @@ def time_phases(trainer) -> tuple[dict[str, list[float]], dict[str, list[int]], 
     return times, counts, fetches  # fetches[0]: DeepSpeed's per-module fetches so far
 
 
+def add_test_hooks(trainer, cli) -> list:
+    """--stop-after: stop as a preempted run would (after that iteration's checkpoint); --inf-loss-iteration: rank 0's
+    losses of that iteration get +inf added (gradients stay finite). Returns the list that receives the agents'
+    fingerprints before and after the poisoned iteration."""
+    from transformers import TrainerCallback
+
+    around = []
+
+    class Hooks(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            if state.global_step + 1 == cli.inf_loss_iteration:
+                around.append(fingerprints(trainer))  # collective under ZeRO-3: every rank runs the callbacks
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == cli.inf_loss_iteration:
+                around.append(fingerprints(trainer))
+            if state.global_step == cli.stop_after:
+                control.should_training_stop = True
+
+    trainer.add_callback(Hooks())
+    if cli.inf_loss_iteration:
+        losses = trainer.step_losses
+
+        def poisoned(*a, **k):
+            for loss, rows in losses(*a, **k):
+                if trainer.state.global_step + 1 == cli.inf_loss_iteration and trainer.is_world_process_zero():
+                    loss = loss + float("inf")
+                yield loss, rows
+
+        trainer.step_losses = poisoned
+    return around
+
+
 def averaged_history(trainer) -> list[dict]:
     """Every metric of every iteration, averaged over the processes (each rank holds an equal share of the batch)."""
     history = trainer._metrics_history
@@ -151,6 +185,15 @@ def main():
         "--per-module-fetches",
         action="store_true",
         help="ZeRO-3 through DeepSpeed's per-module hooks in scoring and update (ds3_gather_for_training=False)",
+    )
+    parser.add_argument("--save-steps", type=int, default=0, help="write a checkpoint every N iterations (0: none)")
+    parser.add_argument("--stop-after", type=int, default=0, help="stop after N iterations (as a preempted run)")
+    parser.add_argument("--resume", action="store_true", help="resume from the newest checkpoint in --out")
+    parser.add_argument(
+        "--inf-loss-iteration",
+        type=int,
+        default=0,
+        help="rank 0's losses of iteration N become +inf (finite gradients); records the weights around it",
     )
     cli = parser.parse_args()
 
@@ -192,7 +235,8 @@ def main():
         max_grad_norm=1.0,
         bf16=False,
         report_to=[],
-        save_strategy="no",
+        save_strategy="steps" if cli.save_steps else "no",
+        save_steps=cli.save_steps or 500,
         num_sample_generations=0,
         disable_tqdm=True,
         logging_steps=1,
@@ -231,12 +275,13 @@ def main():
         greedy = dataclasses.replace(trainer.sampler.settings, greedy=True)
         trainer.sampler = trainer.sampler.with_settings(greedy)
     phases, fetches, module_fetches = time_phases(trainer)
+    around_poison = add_test_hooks(trainer, cli)
     if cli.profile and trainer.is_world_process_zero():
         import cProfile
 
         cProfile.runctx("trainer.train()", globals(), {"trainer": trainer}, cli.profile)
     else:
-        trainer.train()
+        trainer.train(resume_from_checkpoint=True if cli.resume else None)
     team_dir = os.path.join(cli.out, "team")
     trainer.save_model(team_dir)
     history = averaged_history(trainer)
@@ -261,6 +306,7 @@ def main():
             "zero3_module_fetches": module_fetches[0],
             "zero3_unit_gathers": gathering.gathers if gathering else 0,
             "zero3_gather_s": gathering.gather_seconds if gathering else 0,
+            "fingerprints_around_inf_loss": around_poison,  # [before, after] iteration --inf-loss-iteration
         }
         with open(os.path.join(cli.out, "metrics.json"), "w") as f:
             json.dump(info, f, indent=1)

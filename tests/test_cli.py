@@ -63,6 +63,10 @@ def trained(tmp_path_factory, model_cache, qwen_path):
                 "8",
                 "--output_dir",
                 str(ppo_out),
+                "--eval_strategy",  # the card then carries the evaluation the run measured
+                "steps",
+                "--eval_steps",
+                "1",
                 *FAST,
             ]
         )
@@ -147,13 +151,20 @@ def test_the_cli_writes_a_team_card(trained, kind):
     assert f"| `objective/scores` | {last['score']:.4g} |" in card
     assert "from trl_collm.inference import load_team, play" in card and "get_task('coord-penalty')" in card
     assert "response_length=2" in card and desc["generation"]["response_length"] == 2
+    # portable: no path of the training machine (the output folder, the tiny model's cache folder)
+    assert str(out) not in card and os.path.expanduser("~") not in card and "/tmp/" not in card
+    assert desc["task"] == {"name": "coord-penalty", "ref": "coord-penalty", "options": {}, "dataset_source": None}
+    if kind == "ppo":  # evaluated every step: the card reports the evaluation at the step of the saved weights
+        assert "Evaluation on the task's eval split at step 2, the step of the saved weights" in card
+        assert re.search(r"\| `eval_return` \| -?[0-9.e-]+ \|", card)
 
 
-def test_the_card_snippet_runs(trained):
-    """The card's 'Run the team' code, as written (it names the team by its output_dir), loads and plays the team."""
+def test_the_card_snippet_runs(trained, monkeypatch):
+    """The card's 'Run the team' code, as written, loads and plays the team from inside its folder."""
     card = (trained["ppo"] / "README.md").read_text()
     code = re.search(r"## Run the team\n\n```python\n(.*?)```", card, re.DOTALL).group(1)
-    assert f"load_team({str(trained['ppo'])!r})" in code
+    assert "load_team('.')" in code  # the card's own folder: the snippet works wherever the folder is copied
+    monkeypatch.chdir(trained["ppo"])
     scope = {}
     exec(compile(code, "README.md", "exec"), scope)  # noqa: S102 - the card's own snippet
     assert len(scope["transcripts"]) == 4
@@ -208,7 +219,7 @@ def test_eval_samples_with_the_saved_top_p_top_k_and_stop_token(trained, tmp_pat
 
 def test_eval_refuses_a_coordination_team_on_the_building_game(trained, capsys):
     err = _one_line_error(capsys, ["eval", "--team_dir", str(trained["ppo"]), "--task", "building-str"])
-    assert "['player_1', 'player_2']" in err and "building-str" in err
+    assert "--task building-str" in err and "trained on task 'coord-penalty'" in err
 
 
 def test_play_prints_both_agents_prompts_and_answers(trained, capsys):

@@ -456,7 +456,13 @@ def test_your_own_task_by_import_path(tmp_path, capsys, monkeypatch, model_cache
     )
     desc = json.loads((out / "team.json").read_text())
     assert desc["agents"] == ["left", "right"]
-    assert f"get_task({str(tmp_path / 'my_tasks.py') + ':make_task'!r})" in (out / "README.md").read_text()
+    card = (out / "README.md").read_text()
+    assert "get_task('my_tasks.py:make_task')" in card and str(tmp_path) not in card  # portable: no local path
+    # team.json keeps the reference as given: eval finds the task without --task
+    assert desc["task"]["ref"] == f"{tmp_path / 'my_tasks.py'}:make_task" and desc["task"]["name"] == "same-letter"
+    capsys.readouterr()
+    assert main(["eval", "--team_dir", str(out), "--limit", "2"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["task"] == "same-letter"
     # the module form, found in the current directory as `python -m` would
     monkeypatch.chdir(tmp_path)
     capsys.readouterr()

@@ -109,7 +109,7 @@ def test_every_numeric_field_rejects_absurd_negatives(cls):
         (MultiAgentPPOConfig, dict(max_grad_norm=math.inf), "max_grad_norm"),
         (MultiAgentPPOConfig, dict(cliprange_value=-0.2), "cliprange_value"),
         (MultiAgentPPOConfig, dict(top_p=1.5), "top_p"),
-        (MultiAgentPPOConfig, dict(top_k=0), "top_k"),
+        (MultiAgentPPOConfig, dict(top_k=-1), "top_k"),  # 0 is "off", as in TRL (tests/test_trl_user.py)
         (MultiAgentPPOConfig, dict(max_nonfinite_steps=0), "max_nonfinite_steps"),
         (MultiAgentMCConfig, dict(beta=math.nan), "beta"),
         (MultiAgentMCConfig, dict(epsilon=math.inf), "epsilon"),

@@ -317,7 +317,7 @@ def test_num_agents_vs_agent_names(tmp_path, make_config):
         (dict(advantage_level="tokens"), "`advantage_level`='tokens' is not valid"),
         (dict(critic_placement="inside"), "`critic_placement`='inside' is not valid"),
         (dict(agent_names=["a", "a"]), "`agent_names` must be unique"),
-        (dict(agent_names=["a", "critic"]), "`agent_names` ['critic'] cannot be used as folder names"),
+        (dict(agent_names=["a", "critic"]), "`agent_names`: the agent name 'critic' is reserved"),
         (dict(num_turns=0), "`num_turns` must be >= 1"),
         (dict(gamma=1.5), "`gamma` must be in [0, 1]"),
         (

@@ -12,12 +12,13 @@ import os
 from torch import nn
 
 from .models import resolve_model_name
+from .names import check_agent_names
 from .team import AgentTeam, freeze_copy
 
 
 def resolve_agent_names(model, args) -> list[str]:
     if isinstance(model, dict):
-        names = list(model.keys())
+        names = check_agent_names(model.keys(), "`model` (a dict name -> model)")
         if args.agent_names is not None and list(args.agent_names) != names:
             raise ValueError(
                 f"`model` is a dict with agents {names} but `agent_names`={args.agent_names}; make them agree."

@@ -22,10 +22,21 @@ def is_hub_id(name: str | None) -> bool:
     return bool(name) and not os.path.exists(name) and bool(_HUB_ID.match(name))
 
 
+def portable_name(name: str | None) -> str | None:
+    """A model or task reference as a reader on another machine can use it: a Hub id as is, a local folder or file
+    by its last component (an absolute path names only the trainer's disk). `file.py:NAME` keeps its NAME."""
+    if not name or is_hub_id(name):
+        return name
+    path, colon, attr = name.rpartition(":") if ".py:" in name else (name, "", "")
+    if "/" in path or os.sep in path or os.path.exists(path):
+        path = os.path.basename(os.path.normpath(path))
+    return f"{path}{colon}{attr}"
+
+
 def _model_link(name: str | None) -> str:
     if not name:
         return "(unknown)"
-    return f"[{name}](https://huggingface.co/{name})" if is_hub_id(name) else f"`{name}` (local)"
+    return f"[{name}](https://huggingface.co/{name})" if is_hub_id(name) else f"`{portable_name(name)}` (local)"
 
 
 def base_models(trainer) -> dict[str, str | None]:
@@ -95,16 +106,35 @@ def card_facts(
     return dict(
         desc,
         model_name=name,
-        repo=getattr(trainer, "hub_model_id", None) or args.output_dir,
+        repo=getattr(trainer, "hub_model_id", None),  # None: the snippet loads the card's own folder
         dataset_name=dataset_name,
         tags=list(dict.fromkeys(["trl", "trl-collm", "multi-agent", *tags])),
-        task_name=task,
+        task_name=portable_name(task),
+        task_options=(getattr(trainer, "task_record", None) or {}).get("options") or {},
         task=task_facts(trainer),
         algorithm=algorithm_facts(trainer),
         algorithm_summary=summary,
         base_models=base_models(trainer),
         metrics=trainer.metrics_history[-1] if trainer.metrics_history else {},
+        last_step=trainer.state.global_step,
+        **_evaluation(trainer),
     )
+
+
+def _evaluation(trainer) -> dict:
+    """The evaluation the card reports, and the step the saved weights come from: with load_best_model_at_end the
+    best checkpoint's step (weights and evaluation from there), else the last step and the last evaluation."""
+    state = trainer.state
+    best = bool(trainer.args.load_best_model_at_end and state.best_model_checkpoint and state.best_global_step)
+    weights_step = state.best_global_step if best else state.global_step
+    evals = [h for h in state.log_history if any(str(k).startswith("eval_") for k in h)]
+    at_weights = [h for h in evals if h.get("step") == weights_step]
+    chosen = at_weights[-1] if at_weights else (evals[-1] if evals else None)
+    out = {"weights_step": weights_step, "weights_from_best": best}
+    if chosen is not None:
+        out["evaluation"] = {k: v for k, v in chosen.items() if str(k).startswith("eval_")}
+        out["evaluation_step"] = chosen.get("step")
+    return out
 
 
 def _front_matter(facts: dict) -> str:
@@ -128,6 +158,40 @@ def _metric_rows(metrics: dict) -> list[str]:
         if isinstance(v, (int, float)):
             rows.append(f"| `{k}` | {v:.4g} |")
     return rows
+
+
+def _options_line(options: dict | None) -> list[str]:
+    return [f"options = {options!r}  # the task options the team was trained with (team.json)"] if options else []
+
+
+_LOAD_COMMENT = "this card's folder (run from inside it), or its path or Hub repo id"
+
+
+def _results(facts: dict) -> list[str]:
+    """The evaluation the run measured (at the step of the saved weights when it has one) and the last training
+    iteration, each with its step."""
+    lines = []
+    evaluation = facts.get("evaluation")
+    if evaluation:
+        if facts.get("weights_from_best"):
+            where = (
+                f"at step {facts['evaluation_step']}, the best checkpoint's, whose weights load_best_model_at_end "
+                "saved here"
+            )
+        elif facts.get("evaluation_step") == facts.get("weights_step"):
+            where = f"at step {facts['evaluation_step']}, the step of the saved weights"
+        else:
+            where = f"at step {facts['evaluation_step']} (the saved weights are from step {facts['weights_step']})"
+        rows = _metric_rows(evaluation)
+        lines += ["", "## Results", "", f"Evaluation on the task's eval split {where}:", "", "| metric | value |"]
+        lines += ["|---|---|", *rows]
+    rows = _metric_rows({k: v for k, v in (facts.get("metrics") or {}).items() if not k.startswith("eval_")})
+    if rows:
+        if not evaluation:
+            lines += ["", "## Results"]
+        step = facts.get("last_step")
+        lines += ["", f"Last logged training iteration (step {step}):", "", "| metric | value |", "|---|---|", *rows]
+    return lines
 
 
 def team_card(facts: dict) -> str:
@@ -191,28 +255,32 @@ def team_card(facts: dict) -> str:
             + ", ".join(f"{k}={v}" for k, v in shown.items())
             + " (recorded in `team.json`; `trl-collm eval` / `play` use them by default) |"
         )
-    rows = _metric_rows(facts.get("metrics") or {})
-    if rows:
-        lines += ["", "## Results", "", "Last logged training iteration:", "", "| metric | value |", "|---|---|", *rows]
-    repo = facts["repo"]
+    lines += _results(facts)
+    repo = facts["repo"] or "."
     lines += ["", "## Run the team", "", "```python", "from trl_collm.inference import load_team, play, saved_settings"]
     if task_name:
+        opts = ", **options" if facts.get("task_options") else ""
         lines += [
             "from trl_collm.tasks import get_task",
             "",
-            f"team = load_team({repo!r})  # a Hub repo id or a local folder",
+            f"team = load_team({repo!r})  # {_LOAD_COMMENT}",
             f"settings = saved_settings({repo!r})  # as trained, decoding greedily (greedy=False samples)",
             f"task = get_task({task_name!r})",
-            'rows = list(task.load_dataset("eval", limit=4))',
-            f"transcripts = play(team, task.make_env(), rows, num_turns={facts['num_turns']}, settings=settings)",
+            *_options_line(facts.get("task_options")),
+            f'rows = list(task.dataset("eval", limit=4{opts}))',
+            (
+                f"transcripts = play(team, task.env({opts.lstrip(', ')}), rows, num_turns={facts['num_turns']}, "
+                "settings=settings)"
+            ),
             "```",
             "",
-            f"or from the command line: `trl-collm eval --team_dir <local folder> --task {task_name}`.",
+            "or from the command line: `trl-collm eval --team_dir <this folder>` (team.json names the task and "
+            "its options).",
         ]
     else:
         lines += [
             "",
-            f"team = load_team({repo!r})  # a Hub repo id or a local folder",
+            f"team = load_team({repo!r})  # {_LOAD_COMMENT}",
             f"settings = saved_settings({repo!r})  # as trained, decoding greedily (greedy=False samples)",
             "# env: the trl_collm.MultiAgentEnv the team was trained with; rows: its dataset rows",
             f"transcripts = play(team, env, rows, num_turns={facts['num_turns']}, settings=settings)",

@@ -71,7 +71,7 @@ RANGES: dict[str, tuple] = {
     "num_agents": _AT_LEAST_1,
     "num_turns": _AT_LEAST_1,
     "top_p": _UNIT_OPEN_BOTTOM,
-    "top_k": _AT_LEAST_1,  # None switches top-k off
+    "top_k": _AT_LEAST_1,  # None (or 0, made None by TeamConfig) switches top-k off
     "early_termination_threshold": _ANY,
     "max_nonfinite_steps": _AT_LEAST_1,
     # PPO
@@ -122,5 +122,5 @@ def check_numeric_fields(config) -> None:
         if not math.isfinite(value):
             raise ValueError(f"`{f.name}` must be a finite number ({_describe(rng)}), got {value!r}.")
         if not _in_range(value, rng):
-            hint = " (None switches it off)" if f.name in ("top_k", "max_grad_norm") else ""
+            hint = {"top_k": " (None or 0 switches it off)", "max_grad_norm": " (None switches it off)"}.get(f.name, "")
             raise ValueError(f"`{f.name}` must be {_describe(rng)}{hint}, got {value!r}.")

@@ -10,15 +10,22 @@ agent, like TRL's PPO) and, when the trainer has one, the critic under `critic/`
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shutil
+import uuid
 
 import torch
 
+from .names import check_agent_names
 from .team import AgentTeam
 
 TEAM_FILE = "team.json"
 FORMAT = "trl-collm-team/1"
+TMP_FOLDER = ".team.tmp"  # a team being written (write_team)
+OLD_FOLDER = ".team.old"  # the folders it replaces, until the new team is complete
+SAVE_STAMP = ".team_save_id"  # in each agent folder: the `save_id` of the team.json written with it
 
 
 def agent_folder(name: str, num_agents: int) -> str:
@@ -26,10 +33,55 @@ def agent_folder(name: str, num_agents: int) -> str:
     return "." if num_agents == 1 else name
 
 
+# Elements read from each frozen tensor for its fingerprint: enough to tell two bases of the same shapes apart.
+_SAMPLES_PER_TENSOR = 64
+
+
+def base_identity(team: AgentTeam) -> dict:
+    """Per agent, what it was built from: the base model (`config._name_or_path`) and a fingerprint of its frozen
+    weights (those no checkpoint stores: a LoRA agent's base), so a resume can refuse another base of the same
+    shapes. The fingerprint hashes a few evenly spaced elements of every frozen tensor, rounded to bfloat16 so a
+    float32 and a bfloat16 load of one base agree; None when nothing is frozen or the weights are partitioned."""
+    out = {}
+    for a in team.names:
+        model = team.model_of(a)
+        inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+        out[a] = {
+            "model": getattr(getattr(inner, "config", None), "_name_or_path", None) or None,
+            "frozen_fingerprint": _frozen_fingerprint(model),
+        }
+    return out
+
+
+def _frozen_fingerprint(model: torch.nn.Module) -> str | None:
+    adapters = set(getattr(model, "peft_config", {}) or {})  # adapter weights are trained, not part of the base
+    digest = hashlib.sha256()
+    count = 0
+    for name, p in model.named_parameters():
+        if p.requires_grad or adapters.intersection(name.split(".")):
+            continue
+        if p.is_meta or (p.numel() == 0 and hasattr(p, "ds_numel")):
+            return None  # not materialized here (ZeRO-3 partitions at load): cannot fingerprint
+        flat = p.detach().reshape(-1)
+        idx = torch.linspace(0, flat.numel() - 1, min(flat.numel(), _SAMPLES_PER_TENSOR)).long().to(flat.device)
+        values = flat[idx].to(torch.bfloat16).cpu().view(torch.int16)
+        digest.update(f"{name}:{tuple(p.shape)}:".encode())
+        digest.update(values.numpy().tobytes())
+        count += 1
+    return digest.hexdigest()[:32] if count else None
+
+
 def describe_team(
-    team: AgentTeam, trainer: str, num_turns: int, preset: str | None, critic=None, generation: dict | None = None
+    team: AgentTeam,
+    trainer: str,
+    num_turns: int,
+    preset: str | None,
+    critic=None,
+    generation: dict | None = None,
+    base: dict | None = None,
 ) -> dict:
-    """The contents of team.json (`generation`: the sampling settings the team was trained with)."""
+    """The contents of team.json (`generation`: the sampling settings the team was trained with; `base`: what
+    each agent was built from, `base_identity`)."""
     desc = {
         "format": FORMAT,
         "agents": team.names,
@@ -43,6 +95,8 @@ def describe_team(
         desc["generation"] = generation
     if team.layout == "shared_base":
         desc["base_model"] = getattr(team.shared_base.get_base_model().config, "_name_or_path", None)
+    if base is not None:
+        desc["base"] = base
     if critic is not None:
         desc["critic"] = critic.describe()
     return desc
@@ -50,13 +104,25 @@ def describe_team(
 
 def write_team(output_dir: str, team: AgentTeam, critic, description: dict, full_state: dict | None) -> None:
     """Every agent's folder, the critic's folders and team.json. `full_state`: the gathered state dict of the
-    TeamModel when parameters are partitioned (ZeRO-3), else None (the live modules are saved)."""
+    TeamModel when parameters are partitioned (ZeRO-3), else None (the live modules are saved).
+
+    Written as checkpoints are: into `output_dir/.team.tmp/` first (a full disk or a kill there leaves the older
+    team whole), then moved into place with team.json last. While the entries move, output_dir has no team.json, so
+    a kill then leaves a folder `load_team` refuses as incomplete instead of a mix of two teams."""
+    os.makedirs(output_dir, exist_ok=True)
+    tmp = os.path.join(output_dir, TMP_FOLDER)
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    _write_team_files(tmp, team, critic, {**description, "save_id": uuid.uuid4().hex}, full_state)
+    _move_into_place(tmp, output_dir)
+
+
+def _write_team_files(output_dir: str, team: AgentTeam, critic, description: dict, full_state: dict | None) -> None:
     from .trainers import distributed
 
     def part(prefix):
         return distributed.sub_state_dict(full_state, prefix)  # None: use the live modules
 
-    os.makedirs(output_dir, exist_ok=True)
     for a in team.names:
         folder = os.path.normpath(os.path.join(output_dir, agent_folder(a, len(team.names))))
         if full_state is not None and team.layout == "shared_base":
@@ -64,14 +130,42 @@ def write_team(output_dir: str, team: AgentTeam, critic, description: dict, full
             team.tokenizers[a].save_pretrained(folder)
         else:
             team.save_agent(a, folder, state_dict=part(f"team.policies.{a}."))
+        with open(os.path.join(folder, SAVE_STAMP), "w") as f:  # which save wrote this folder (see load_team)
+            f.write(description["save_id"])
     if critic is not None:
         critic.save(output_dir, part)
     with open(os.path.join(output_dir, TEAM_FILE), "w") as f:
         json.dump(description, f, indent=2)
 
 
+def _move_into_place(tmp: str, output_dir: str) -> None:
+    """Replace output_dir's team by the complete one in `tmp`; entries of output_dir the team does not hold
+    (checkpoints, logs, the card) stay."""
+    team_file = os.path.join(output_dir, TEAM_FILE)
+    if os.path.exists(team_file):
+        os.remove(team_file)  # from here until the last line the folder is an incomplete team, never a mixed one
+    old = os.path.join(output_dir, OLD_FOLDER)
+    shutil.rmtree(old, ignore_errors=True)
+    os.makedirs(old)
+    for entry in sorted(os.listdir(tmp)):
+        if entry == TEAM_FILE:
+            continue
+        src, dst = os.path.join(tmp, entry), os.path.join(output_dir, entry)
+        if os.path.isdir(dst) or (os.path.lexists(dst) and os.path.isdir(src)):
+            os.replace(dst, os.path.join(old, entry))  # a folder is not replaced by rename: move the old one aside
+        os.replace(src, dst)
+    os.replace(os.path.join(tmp, TEAM_FILE), team_file)  # the team is complete
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.rmtree(old, ignore_errors=True)
+
+
 def read_team_file(folder: str) -> dict:
     path = os.path.join(folder, TEAM_FILE)
+    if not os.path.isfile(path) and os.path.isdir(os.path.join(folder, TMP_FOLDER)):
+        raise ValueError(
+            f"{folder!r} holds an incomplete team: a save into it was interrupted (no {TEAM_FILE}, a "
+            f"{TMP_FOLDER} folder). Save the team again, or load it from a checkpoint-* folder of its run."
+        )
     if not os.path.isfile(path):
         raise FileNotFoundError(
             f"{folder!r} has no {TEAM_FILE}; pass the output_dir of a trl-collm save_model() / train run."
@@ -96,14 +190,37 @@ def _check_description(desc, path: str) -> None:
         if key not in desc:
             raise ValueError(f"{path!r} lacks the key {key!r}; {fix}.")
     names = desc["agents"]
-    if not isinstance(names, list) or not names or not all(isinstance(a, str) and a for a in names):
+    if not isinstance(names, list) or not names:
         raise ValueError(f"{path!r}: 'agents' must be a non-empty list of agent names, got {names!r}; {fix}.")
+    check_agent_names(names, f"{path!r} ('agents')")
     if desc["layout"] not in ("separate", "shared_base"):
         raise ValueError(f"{path!r}: 'layout' must be 'separate' or 'shared_base', got {desc['layout']!r}; {fix}.")
     folders = desc["agent_folders"]
     missing = [a for a in names if not isinstance(folders, dict) or not isinstance(folders.get(a), str)]
     if missing:
         raise ValueError(f"{path!r}: 'agent_folders' has no folder for agents {missing}; {fix}.")
+    # an agent's folder is its name (or the team folder itself for one agent): nothing may point elsewhere
+    elsewhere = {a: folders[a] for a in names if folders[a] != agent_folder(a, len(names))}
+    if elsewhere:
+        raise ValueError(f"{path!r}: 'agent_folders' {elsewhere} are not the agents' own folders; {fix}.")
+
+
+def _check_one_save(folder: str, desc: dict, folders: dict) -> None:
+    """Every agent folder was written by the save that wrote team.json (teams saved before `save_id`: unchecked)."""
+    save_id = desc.get("save_id")
+    if save_id is None:
+        return
+    for a, path in folders.items():
+        try:
+            with open(os.path.join(path, SAVE_STAMP)) as f:
+                stamp = f.read().strip()
+        except OSError:
+            stamp = None
+        if stamp != save_id:
+            raise ValueError(
+                f"{folder!r} mixes two saved teams: agent {a!r}'s folder {path!r} was not written with its "
+                f"{TEAM_FILE}. Copy or save the whole team again (save_model()), or load it from a checkpoint-* folder."
+            )
 
 
 def load_team(
@@ -118,6 +235,12 @@ def load_team(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if not os.path.isdir(folder):  # a Hub repo id: fetch the whole team once (fails clearly when offline)
+        from .cards import is_hub_id
+
+        if not is_hub_id(folder):  # a local path, not a malformed repo id
+            raise FileNotFoundError(
+                f"{folder!r}: no such folder; pass the output_dir of save_model() or a Hub repo id (org/name)"
+            )
         from huggingface_hub import snapshot_download
 
         folder = snapshot_download(folder)
@@ -130,6 +253,7 @@ def load_team(
                 f"agent {a!r}'s folder {path!r} (listed in {os.path.join(folder, TEAM_FILE)!r}) is missing or empty; "
                 "copy the whole team folder written by save_model()."
             )
+    _check_one_save(folder, desc, folders)
     tokenizers = {a: AutoTokenizer.from_pretrained(folders[a]) for a in names}
     if desc["layout"] == "shared_base":
         base_path = base_model or desc.get("base_model")

@@ -450,9 +450,21 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--force", action="store_true", help="rebuild even when the fingerprint matches")
     p.add_argument("--no-eval", action="store_true", help="skip the starting-score report")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch's intra-op threads (default on CPU: OMP_NUM_THREADS when set, else 1; as `trl-collm ppo`)",
+    )
     a = p.parse_args(argv)
     import torch
 
+    from .cli import UsageError, set_cpu_threads
+
+    try:
+        set_cpu_threads(a.threads, on_cpu=True)  # the warm start trains on CPU (use_cpu=True in its SFTConfig)
+    except UsageError as e:
+        p.error(str(e))
     torch.manual_seed(a.seed)
     given = {k: v for k, v in dict(episodes=a.episodes, epochs=a.epochs).items() if v is not None}
     cfg = WarmStartConfig.for_task(a.task, seed=a.seed, **given)

@@ -7,7 +7,7 @@
 """
 
 from .protocol import BatchStep, MultiAgentEnv, Observation, StepResult, as_float_rewards, check_agent_names
-from .reward_functions import RewardFunctionEnv
+from .reward_functions import RewardFunctionEnv, per_agent
 from .reward_model import RewardModelFunction
 
 __all__ = [
@@ -19,4 +19,5 @@ __all__ = [
     "RewardModelFunction",
     "as_float_rewards",
     "check_agent_names",
+    "per_agent",
 ]

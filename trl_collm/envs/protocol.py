@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import math
 import numbers
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -78,10 +79,31 @@ def _is_token_id(x: Any) -> bool:
     return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
 
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def clean_text(text: str) -> str:
+    """Text as a tokenizer can take it: each lone surrogate (bytes decoded with errors='surrogateescape', a string
+    cut inside a pair, the exception message of generated code that printed one) becomes U+FFFD. A surrogate cannot
+    be encoded as UTF-8, and tokenizers raise a TypeError on it."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return _LONE_SURROGATE.sub("\ufffd", text)
+    return text
+
+
 def _validate_observation(obs: Any, where: str, episode: int, agent: int, agent_names) -> Observation:
-    """Return the observation (tuples of ids normalised to a list) or raise a ValueError naming the culprit."""
+    """Return the observation (text made safe for tokenizers, tuples of ids normalised to a list) or raise a
+    ValueError naming the culprit. Every prompt an env hands the team passes here: the one place text from outside
+    (datasets, env feedback, generated code's error messages) is cleaned."""
+    if isinstance(obs, (str, list, tuple)) and len(obs) == 0:
+        raise ValueError(
+            f"{where} returned an empty prompt for episode {episode}, {_agent_label(agent, agent_names)}; give every "
+            "agent some prompt text (a model continues from at least one token)."
+        )
     if isinstance(obs, str):
-        return obs
+        return clean_text(obs)
     if isinstance(obs, (list, tuple)) and all(_is_token_id(t) for t in obs):
         return [int(t) for t in obs]
     hint = ""

@@ -7,6 +7,8 @@ once per episode. `build_env` turns a trainer's `env` / `reward_funcs` / `reward
 from __future__ import annotations
 
 import copy
+import functools
+import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -37,6 +39,81 @@ def _func_name(f: Any) -> str:
     if name is None and hasattr(f, "func"):  # functools.partial
         name = getattr(f.func, "__name__", None)
     return name if isinstance(name, str) else type(f).__name__
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# TRL / GRPO reward functions: one completion per sample. Here a sample is an episode and its completions are the
+# agents' texts, so such a function must be wrapped (per_agent) or it would score lists as if they were strings.
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def per_agent(func: Callable, conversational: bool | None = None) -> Callable:
+    """Use a TRL / GRPO reward function as it is (`f(prompts, completions, **columns) -> list[float]`, one
+    completion per sample) as a per-agent reward: it scores every agent's text on its own, and each agent gets its
+    own reward. Dataset columns are repeated for every agent. `conversational` (default: read from the function's
+    `completions` annotation, e.g. TRL's `list[list[dict[str, str]]]`) hands each text as
+    `[{"role": "assistant", "content": text}]` and each prompt as a user message, as TRL's conversational rewards
+    expect.
+
+        env = RewardFunctionEnv([per_agent(trl.rewards.accuracy_reward)], formatters=[...])
+    """
+    conv = _annotation_kind(func) == "conversational" if conversational is None else conversational
+
+    def as_message(text, role: str):
+        return [{"role": role, "content": text}] if conv and isinstance(text, str) else text
+
+    @functools.wraps(func)
+    def scored_per_agent(prompts, completions, **columns):
+        n = len(completions[0]) if completions else 0
+        flat_completions = [as_message(c, "assistant") for joint in completions for c in joint]
+        flat_prompts = [as_message(p, "user") for joint in prompts for p in joint]
+        repeated = {k: [v for v in values for _ in range(n)] for k, values in columns.items()}
+        out = list(func(prompts=flat_prompts, completions=flat_completions, **repeated))
+        if len(out) != len(flat_completions):
+            raise ValueError(
+                f"per_agent({_func_name(func)}) returned {len(out)} rewards for {len(flat_completions)} texts "
+                f"({len(completions)} episodes x {n} agents); return one reward per completion."
+            )
+        return [out[e * n : (e + 1) * n] for e in range(len(completions))]
+
+    scored_per_agent.scores_per_agent = True
+    return scored_per_agent
+
+
+def _annotation_kind(func: Callable) -> str | None:
+    """'single' or 'conversational' when `completions` is annotated as TRL's one-completion-per-sample shape
+    (`list[str]`, `list[list[dict[str, str]]]`), else None (unknown, e.g. our joint `list[list[str]]`)."""
+    try:
+        param = inspect.signature(func).parameters.get("completions")
+    except (TypeError, ValueError):
+        return None
+    if param is None or param.annotation is param.empty:
+        return None
+    text = param.annotation if isinstance(param.annotation, str) else repr(param.annotation)
+    text = text.replace(" ", "").replace("typing.", "").replace("List", "list").replace("Dict", "dict")
+    if text in ("list[str]", "Sequence[str]"):
+        return "single"
+    if text.startswith("list[list[dict"):
+        return "conversational"
+    return None
+
+
+def _check_joint_signature(f: Callable, index: int, agent_names) -> None:
+    """Refuse, in one line showing the team shape, a reward function written for one completion per sample."""
+    if getattr(f, "scores_per_agent", False):
+        return
+    kind = _annotation_kind(f)
+    from_trl = (getattr(f, "__module__", "") or "").startswith("trl.")
+    if kind is None and not from_trl:
+        return
+    name = _func_name(f)
+    team = f" {list(agent_names)}" if agent_names else ""
+    raise ValueError(
+        f"RewardFunctionEnv: reward_funcs[{index}] '{name}' is a TRL/GRPO reward function (one completion per "
+        f"sample), but here completions[e] is episode e's list of agent texts{team} (one per agent, in team "
+        f"order); wrap it as per_agent({name}) to score each agent's text on its own, or write "
+        "f(prompts, completions, **columns) over each episode's list of texts."
+    )
 
 
 def _default_observation(row: dict) -> Observation:
@@ -71,6 +148,8 @@ class RewardFunctionEnv(MultiAgentEnv):
                     f"RewardFunctionEnv: reward_funcs[{i}] is {_describe(f)}, not callable; pass functions "
                     f"f(prompts, completions, **columns) -> list of rewards."
                 )
+        for i, f in enumerate(funcs):
+            _check_joint_signature(f, i, agent_names)
         self.reward_funcs = funcs
 
         if reward_weights is None:

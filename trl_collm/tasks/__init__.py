@@ -32,6 +32,25 @@ class TaskSpec:
     max_reward: float | None = None  # best possible episode return, for "% of max" reports
     options: dict = field(default_factory=dict)  # documented keyword options of make_env
 
+    def env(self, **options):
+        """make_env with the options it takes (all of them when it takes **kwargs), as the CLI does with
+        --task_options: one dict of options serves make_env and load_dataset alike."""
+        return call_with_supported(self.make_env, **options)
+
+    def dataset(self, split: str = "train", **kwargs):
+        """load_dataset with the keywords it takes (limit, source, task options), as the CLI calls it."""
+        return call_with_supported(self.load_dataset, split=split, **kwargs)
+
+
+def call_with_supported(fn, **kwargs):
+    """fn(**kwargs) without the keywords fn does not take (all of them pass when it takes **kwargs)."""
+    import inspect
+
+    params = inspect.signature(fn).parameters
+    if any(p.kind == p.VAR_KEYWORD for p in params.values()):
+        return fn(**kwargs)
+    return fn(**{k: v for k, v in kwargs.items() if k in params})
+
 
 _REGISTRY: dict[str, TaskSpec] = {}
 
@@ -166,6 +185,7 @@ def load_task_from_path(ref: str) -> TaskSpec:
         raise ValueError(f"--task {ref!r}: module {where!r} has no attribute {attr!r}")
     obj = getattr(module, attr)
     if callable(obj) and not isinstance(obj, TaskSpec):
+        _check_no_arguments(ref, attr, obj)
         obj = obj()
     if not isinstance(obj, TaskSpec):
         raise TypeError(
@@ -173,6 +193,26 @@ def load_task_from_path(ref: str) -> TaskSpec:
             "function with no arguments that returns one)"
         )
     return obj
+
+
+def _check_no_arguments(ref: str, attr: str, fn) -> None:
+    """A task factory is called with no arguments: one that needs some is not a factory (say so, not a TypeError)."""
+    import inspect
+
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature: calling it says what is wrong
+        return
+    needed = [
+        p.name
+        for p in params
+        if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    ]
+    if needed:
+        raise ValueError(
+            f"--task {ref!r}: {attr!r} takes arguments ({', '.join(needed)}), so it is not a task; NAME must be a "
+            "trl_collm.tasks.TaskSpec or a function with no arguments that returns one"
+        )
 
 
 def get_task(name: str) -> TaskSpec:

@@ -105,6 +105,14 @@ class RepeatedMatrixEnv(MultiAgentEnv):
         return StepResult(reward=reward, observations=obs, done=done, info={"actions": acts, "payoff": payoff})
 
 
+def _no_source(task: str, source) -> None:
+    """The games generate their rows: a dataset source would be ignored, so it is refused."""
+    if source is not None:
+        raise ValueError(
+            f"task {task!r} generates its rows and has no dataset source (--dataset_source / source=); drop it"
+        )
+
+
 def _rounds(split: str, limit: int | None, seed: int):
     from datasets import Dataset
 
@@ -121,6 +129,7 @@ def _matrix_task(name: str, matrix, game: str, description: str):
         return RewardFunctionEnv([matrix_reward(matrix, scale)], formatters=formatters, agent_names=None)
 
     def load_dataset(split: str = "train", source: str | None = None, limit: int | None = None):
+        _no_source(name, source)
         return _rounds(split, limit, 0)
 
     return register_task(
@@ -145,6 +154,7 @@ def _numbers_make_env(num_agents: int = 2, **options):
 
 
 def _numbers_dataset(split: str = "train", source: str | None = None, limit: int | None = None, num_agents: int = 2):
+    _no_source("coord-numbers", source)
     from datasets import Dataset
 
     rng = random.Random(0 if split == "train" else 1)
@@ -171,6 +181,7 @@ def _repeated_make_env(turns: int = 4, sparse: bool = True, **options):
 
 
 def _repeated_dataset(split: str = "train", source: str | None = None, limit: int | None = None):
+    _no_source("coord-repeated", source)
     return _rounds(split, limit, 0)
 
 

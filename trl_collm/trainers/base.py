@@ -25,6 +25,7 @@ from ..rollout import Rollout, run_episodes
 from ..sampling import Sampler, SamplingSettings, make_backend
 from . import checkpoints, distributed, evaluation, hub
 from .batches import DataPasses, rollout_loader, set_batch_sizes
+from .output_dir import check_writable, claim_output_dir
 from .updates import TeamUpdates
 
 logger = logging.getLogger(__name__)
@@ -61,9 +62,13 @@ class TeamTrainerBase(TeamUpdates, _BaseTrainer):
         # in every run, or a resumed or repeated run cannot match (transformers.Trainer seeds only later).
         set_seed(args.seed)
         names = resolve_agent_names(model, args)
+        if args.should_save:  # a folder no save can write to fails here, not at the first save hours later
+            check_writable(args.output_dir)
         args.resolve_for_team(len(names))
         distributed.prepare_args_for_deepspeed(args)  # before the accelerator exists (CPU backend, use_cpu, clipping)
         team = build_team(model, processing_class, ref_model, peft_config, args, names)
+        # What the team is built from, before DeepSpeed can partition it (team.json; a resume compares it)
+        self.base_identity = saved_team.base_identity(team)
         critic = self.build_critic(team, value_model, args, peft_config, critic_processing_class)
         self.env = build_env(env, reward_funcs, reward_model, prompt_formatters, args, team)
         _set_prompt_limits(team, args)
@@ -94,6 +99,10 @@ class TeamTrainerBase(TeamUpdates, _BaseTrainer):
         if reward_model is not None:
             reward_model.to(self.accelerator.device).eval()
         self._metrics_history: list[dict] = []
+        # What the team was trained for, recorded in team.json under "task" so `trl-collm eval` / `play` default to
+        # it and refuse another task: {"name", "ref" (registry name or import path), "options", "dataset_source"}.
+        # The CLI sets it (cli.task_record); Python users may too.
+        self.task_record: dict | None = None
         self.nonfinite_steps = NonFiniteSteps(args.max_nonfinite_steps)
 
     def build_critic(self, team, value_model, args, peft_config, critic_processing_class):
@@ -224,21 +233,26 @@ class TeamTrainerBase(TeamUpdates, _BaseTrainer):
         if resume_from_checkpoint is None:  # TrainingArguments carries it (the CLI's --resume_from_checkpoint)
             resume_from_checkpoint = self.args.resume_from_checkpoint
         checkpoint = checkpoints.resolve(resume_from_checkpoint, self.args.output_dir)
-        batches = self._begin_training(checkpoint)
-        for rows in batches:
-            with self.accelerator.autocast():  # bf16 / fp16 mixed precision, as transformers.Trainer does
-                metrics = self.training_iteration(rows)
-            metrics = self._record(metrics)
-            if self._after_step(metrics):
-                break
-        return self._end_training()
+        lock = claim_output_dir(self)
+        try:
+            batches = self._begin_training(checkpoint)
+            for rows in batches:
+                with self.accelerator.autocast():  # bf16 / fp16 mixed precision, as transformers.Trainer does
+                    metrics = self.training_iteration(rows)
+                metrics = self._record(metrics)
+                if self._after_step(metrics):
+                    break
+            return self._end_training()
+        finally:
+            lock.release()
 
     def _begin_training(self, checkpoint: str | None):
-        """Checks, sizes, optimizer (and DeepSpeed engine), trainer state, on_train_begin and, when resuming, the
+        """Once the output_dir is this run's: checks, sizes, optimizer (and DeepSpeed engine), then (with
+        overwrite_output_dir) the old checkpoints' deletion, trainer state, on_train_begin and, when resuming, the
         checkpoint's weights, counters and data position. Returns the iterator of rollout batches."""
         args = self.args
-        if checkpoint is None:
-            checkpoints.refuse_to_clobber(args.output_dir, args.overwrite_output_dir, self.is_world_process_zero())
+        if checkpoint is None:  # only checked here: nothing is deleted before every check below has passed
+            checkpoints.refuse_to_clobber(args.output_dir, args.overwrite_output_dir, delete=False)
         if args.load_best_model_at_end and self.is_deepspeed_enabled:
             raise ValueError(
                 "`load_best_model_at_end` is not supported under DeepSpeed (ZeRO partitions the "
@@ -253,6 +267,9 @@ class TeamTrainerBase(TeamUpdates, _BaseTrainer):
         self.create_optimizer_and_scheduler(num_training_steps=args.num_total_batches * steps_per_iteration)
         if self.is_deepspeed_enabled and self.model_wrapped is self.model:
             distributed.prepare_model_and_optimizer(self)  # TeamModel + optimizer -> one DeepSpeed engine
+        if checkpoint is None and self.is_world_process_zero():  # every check passed: now the old run may go
+            checkpoints.refuse_to_clobber(args.output_dir, args.overwrite_output_dir, delete=True)
+        self.accelerator.wait_for_everyone()
         self._new_trainer_state(loader)
         if checkpoint is not None:  # best metric and callback states first, so callbacks start from them
             checkpoints.load_trainer_state(self.state, checkpoint)
@@ -460,9 +477,18 @@ class TeamTrainerBase(TeamUpdates, _BaseTrainer):
             self.sampler.settings.to_team_json(),
             max_prompt_length={a: self.team.prompt_limits.get(a) for a in self.team.names},
         )
-        return saved_team.describe_team(
-            self.team, type(self).__name__, args.num_turns, args.preset, self.critic, generation=generation
+        desc = saved_team.describe_team(
+            self.team,
+            type(self).__name__,
+            args.num_turns,
+            args.preset,
+            self.critic,
+            generation=generation,
+            base=self.base_identity,
         )
+        if self.task_record is not None:
+            desc["task"] = dict(self.task_record)
+        return desc
 
     def create_model_card(self, model_name=None, dataset_name=None, tags=None, task=None):
         """The team card (README.md in output_dir, built by trl_collm.cards in place of TRL's single-model card):

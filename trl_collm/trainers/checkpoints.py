@@ -4,6 +4,11 @@ A checkpoint `output_dir/checkpoint-<step>/` holds the saved team (loadable like
 `resume_state.pt`: every trainable parameter, the optimizer, the scheduler, the RNG states, the metrics so far and
 the trainer's counters, so `train(resume_from_checkpoint=...)` continues exactly where the run stopped. A kill
 during a save leaves only a `*.tmp` folder behind; the previous checkpoint stays complete and is the one resumed.
+
+Under DeepSpeed the weights and optimizer state are ZeRO's, partitioned across the processes: every rank writes its
+part with the engine's own `save_checkpoint` into `deepspeed/` inside the same folder (output_dir must then be one
+folder all ranks can write, as on one machine or a shared filesystem), and a resume loads it back with
+`load_checkpoint` under as many processes. Each process's RNG states are kept too (`rng_state_<rank>.pt`).
 """
 
 from __future__ import annotations
@@ -17,9 +22,14 @@ import numpy as np
 import torch
 
 from ..numerics import first_nonfinite, optimizer_state_nonfinite
+from . import distributed
 
 MARKER = "CHECKPOINT_COMPLETE"
 STATE_FILE = "resume_state.pt"
+# Under DeepSpeed: the engine's own checkpoint (ZeRO's partitioned optimizer state and weights, every rank's shard)
+ENGINE_DIR = "deepspeed"
+ENGINE_TAG = "state"
+RANK_RNG_FILE = "rng_state_{rank}.pt"  # each process's RNG states when several processes train
 _NAME = re.compile(r"^checkpoint-(\d+)$")
 _ANY_CHECKPOINT = re.compile(r"^checkpoint-\d+(\.tmp|\.old)?$")
 _STATE_KEYS = ("params", "optimizer", "scheduler", "rng", "global_step", "episode", "metrics_history", "log_history")
@@ -44,6 +54,26 @@ def trainable_state(model: torch.nn.Module) -> dict:
     return {name: p.detach().cpu().clone() for name, p in model.named_parameters() if p.requires_grad}
 
 
+def _trainable_shapes(model: torch.nn.Module) -> dict:
+    """Name -> full shape of every trainable parameter (ZeRO-3 keeps the full shape in `ds_shape`)."""
+    return {n: tuple(getattr(p, "ds_shape", p.shape)) for n, p in model.named_parameters() if p.requires_grad}
+
+
+def _save_engine_state(trainer, folder: str) -> None:
+    """DeepSpeed: every rank writes its part of ZeRO's state (optimizer moments, fp32 weights) with the engine's own
+    `save_checkpoint`, and its RNG states; the frozen weights are left out (the team folder and the base hold them)."""
+    trainer.accelerator.wait_for_everyone()  # rank 0 has written the team: the folder exists
+    if trainer.accelerator.num_processes > 1:
+        rank = trainer.accelerator.process_index
+        torch.save(_rng_state(), os.path.join(folder, RANK_RNG_FILE.format(rank=rank)))
+    if trainer.is_deepspeed_enabled:
+        distributed.release_gathered(trainer)  # ZeRO-3: the engine saves partitions, none may be held gathered
+        trainer.model_wrapped.save_checkpoint(
+            os.path.join(folder, ENGINE_DIR), tag=ENGINE_TAG, save_latest=False, exclude_frozen_parameters=True
+        )
+    trainer.accelerator.wait_for_everyone()  # every shard is on disk before rank 0 completes the folder
+
+
 def save_checkpoint(trainer, output_dir: str) -> str:
     """Write checkpoint-<global_step> atomically; returns its path. Refuses (FloatingPointError, nothing written)
     when a trainable parameter or the optimizer state holds NaN/inf: a poisoned checkpoint would be resumed."""
@@ -62,14 +92,19 @@ def save_checkpoint(trainer, output_dir: str) -> str:
         shutil.rmtree(tmp, ignore_errors=True)
     # the team, loadable on its own (all ranks join: DeepSpeed gathers weights here); never pushed from here
     trainer.save_model(tmp, _internal_call=True)
+    _save_engine_state(trainer, tmp)
     if not trainer.is_world_process_zero():
         return final
     extra = trainer.checkpoint_state()
-    torch.save(
+    deepspeed = trainer.is_deepspeed_enabled
+    _save_state(
         {
-            "params": trainable_state(trainer.model),
-            # ZeRO shards the optimizer state across ranks: a rank-0 copy could not resume, so none is kept.
-            "optimizer": None if trainer.is_deepspeed_enabled else trainer.optimizer.state_dict(),
+            # Under DeepSpeed the weights and the optimizer state are ZeRO's, in ENGINE_DIR/ (partitioned across
+            # the ranks); only their names and shapes are kept here, for the check that a resume fits this team.
+            "params": {} if deepspeed else trainable_state(trainer.model),
+            "param_shapes": _trainable_shapes(trainer.model),
+            "optimizer": None if deepspeed else trainer.optimizer.state_dict(),
+            "world_size": trainer.accelerator.num_processes,
             "scheduler": trainer.lr_scheduler.state_dict() if trainer.lr_scheduler is not None else None,
             "rng": _rng_state(),
             "global_step": step,
@@ -94,6 +129,25 @@ def save_checkpoint(trainer, output_dir: str) -> str:
         os.replace(tmp, final)
     _rotate(output_dir, trainer.args.save_total_limit, keep=trainer.state.best_model_checkpoint)
     return final
+
+
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written (a full disk, a quota): the run's environment, not a bug; the CLI prints it
+    as one line."""
+
+
+def _save_state(state: dict, path: str) -> None:
+    """torch.save, with a full disk said as such: torch reports it as `enforce fail ... unexpected pos`."""
+    try:
+        torch.save(state, path)
+    except (RuntimeError, OSError) as e:
+        folder = os.path.dirname(path)
+        shutil.rmtree(folder, ignore_errors=True)  # the unfinished .tmp checkpoint: never resumed, only space
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointWriteError(
+            f"writing {path} failed ({first[:200]}): is the disk full? Free space in "
+            f"{os.path.dirname(folder) or '.'}; its last complete checkpoint is still good to resume from"
+        ) from e
 
 
 def complete_checkpoints(output_dir: str) -> list[str]:
@@ -165,18 +219,67 @@ def resolve(resume_from_checkpoint, output_dir: str) -> str | None:
 
 
 def load_checkpoint(trainer, path: str) -> dict:
-    """Restore parameters, optimizer, scheduler, RNG and counters; returns the saved state."""
+    """Restore parameters, optimizer, scheduler, RNG and counters; returns the saved state (its "rng": this
+    process's own RNG states)."""
     state = read_state(path)
-    if trainer.is_deepspeed_enabled or state["optimizer"] is None:
-        raise ValueError(
-            "`resume_from_checkpoint` is not supported under DeepSpeed yet (ZeRO shards the optimizer state); the "
-            f"checkpoint's team in {path!r} loads as a model folder, or resume without DeepSpeed from a "
-            "non-DeepSpeed run."
+    _check_resumable_here(trainer, state, path)
+    _check_fits_team(trainer, state, path)
+    check_same_base(trainer, path)
+    if trainer.is_deepspeed_enabled:
+        distributed.release_gathered(trainer)
+        loaded, _ = trainer.model_wrapped.load_checkpoint(
+            os.path.join(path, ENGINE_DIR),
+            tag=ENGINE_TAG,
+            load_module_strict=False,  # the frozen weights were not saved: the team was built with them
+            load_optimizer_states=True,
+            load_lr_scheduler_states=False,  # the scheduler is the trainer's, restored below
         )
-    params = dict(trainer.model.named_parameters())
-    unknown = [n for n in state["params"] if n not in params]
-    untouched = [n for n, p in params.items() if p.requires_grad and n not in state["params"]]
-    reshaped = [n for n, v in state["params"].items() if n in params and tuple(v.shape) != tuple(params[n].shape)]
+        if loaded is None:
+            raise ValueError(f"DeepSpeed could not load its state from {os.path.join(path, ENGINE_DIR)!r}.")
+    else:
+        params = dict(trainer.model.named_parameters())
+        with torch.no_grad():
+            for name, value in state["params"].items():
+                params[name].copy_(value.to(params[name].device, params[name].dtype))
+        trainer.optimizer.load_state_dict(state["optimizer"])
+    if state["scheduler"] is not None and trainer.lr_scheduler is not None:
+        trainer.lr_scheduler.load_state_dict(state["scheduler"])
+    trainer.load_checkpoint_state(state.get("extra", {}))
+    rank_rng = os.path.join(path, RANK_RNG_FILE.format(rank=trainer.accelerator.process_index))
+    if trainer.accelerator.num_processes > 1 and os.path.isfile(rank_rng):
+        state["rng"] = torch.load(rank_rng, map_location="cpu", weights_only=False)
+    set_rng_state(state["rng"])
+    return state
+
+
+def _check_resumable_here(trainer, state: dict, path: str) -> None:
+    """A DeepSpeed checkpoint resumes under DeepSpeed with as many processes (ZeRO's shards are per rank); a plain
+    one resumes without DeepSpeed."""
+    engine_state = os.path.isdir(os.path.join(path, ENGINE_DIR))
+    if trainer.is_deepspeed_enabled and not engine_state:
+        raise ValueError(
+            f"checkpoint {path!r} holds no DeepSpeed state (written without DeepSpeed, or by a version that kept no "
+            "ZeRO optimizer state): resume it without DeepSpeed, or start over in another output_dir."
+        )
+    if not trainer.is_deepspeed_enabled and state["optimizer"] is None:
+        raise ValueError(
+            f"checkpoint {path!r} was written under DeepSpeed (its optimizer state is ZeRO's, in {ENGINE_DIR}/): "
+            "resume it under DeepSpeed with the same number of processes."
+        )
+    saved_world, world = state.get("world_size"), trainer.accelerator.num_processes
+    if trainer.is_deepspeed_enabled and saved_world is not None and saved_world != world:
+        raise ValueError(
+            f"checkpoint {path!r} was written by {saved_world} DeepSpeed processes and this run has {world}: ZeRO's "
+            f"optimizer state is split per process. Resume with {saved_world} processes."
+        )
+
+
+def _check_fits_team(trainer, state: dict, path: str) -> None:
+    saved = state.get("param_shapes") or {n: tuple(v.shape) for n, v in state["params"].items()}
+    live = _trainable_shapes(trainer.model)
+    unknown = [n for n in saved if n not in live]
+    untouched = [n for n in live if n not in saved]
+    reshaped = [n for n, shape in saved.items() if n in live and tuple(shape) != live[n]]
     if unknown or untouched or reshaped:
         what = (
             f"parameters this team lacks {unknown[:3]}"
@@ -189,15 +292,25 @@ def load_checkpoint(trainer, path: str) -> dict:
             f"checkpoint {path!r} does not match this team ({what}); it was written by a run with other agents, models "
             "or critic settings. Resume with the same configuration, or start over in another output_dir."
         )
-    with torch.no_grad():
-        for name, value in state["params"].items():
-            params[name].copy_(value.to(params[name].device, params[name].dtype))
-    trainer.optimizer.load_state_dict(state["optimizer"])
-    if state["scheduler"] is not None and trainer.lr_scheduler is not None:
-        trainer.lr_scheduler.load_state_dict(state["scheduler"])
-    trainer.load_checkpoint_state(state.get("extra", {}))
-    set_rng_state(state["rng"])
-    return state
+
+
+def check_same_base(trainer, path: str) -> None:
+    """A checkpoint stores only trained weights: resumed onto another base (of the same shapes) it would train on
+    silently. Compare each agent's frozen-weight fingerprint with the one the checkpoint's team.json records."""
+    from ..saved_team import TEAM_FILE, read_team_file
+
+    if not os.path.isfile(os.path.join(path, TEAM_FILE)):
+        return
+    saved = read_team_file(path).get("base") or {}  # checkpoints written before this check record none
+    for agent, now in trainer.base_identity.items():
+        then = saved.get(agent) or {}
+        if then.get("frozen_fingerprint") and now["frozen_fingerprint"]:
+            if then["frozen_fingerprint"] != now["frozen_fingerprint"]:
+                raise ValueError(
+                    f"checkpoint {path!r} was trained with agent {agent!r} on base model {then.get('model')!r}, but "
+                    f"this run builds it on {now['model']!r}, whose frozen weights differ. Resume on the base the "
+                    "checkpoint was trained on, or start over in another output_dir."
+                )
 
 
 def load_parameters(trainer, path: str) -> None:

@@ -3,8 +3,10 @@ as one upload of output_dir (the trainer's `push_to_hub`)."""
 
 from __future__ import annotations
 
-# What output_dir holds that is not the team: private files, resumable checkpoints, TensorBoard runs.
-_NOT_THE_TEAM = ["_*", "checkpoint-*", "checkpoint-*/**", "runs/**"]
+from .output_dir import LOCK_FILE
+
+# What output_dir holds that is not the team: private files, resumable checkpoints, TensorBoard runs, the run's lock.
+_NOT_THE_TEAM = ["_*", "checkpoint-*", "checkpoint-*/**", "runs/**", LOCK_FILE]
 
 
 def push_team(trainer, commit_message, blocking, token, revision, include_critic, card_kwargs: dict):

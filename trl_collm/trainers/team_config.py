@@ -8,6 +8,7 @@ DeepSpeed.
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field, fields
 
 from trl.trainer.base_config import _BaseConfig
 
+from ..names import check_agent_names
 from ..ranges import check_numeric_fields
 from .supported_args import check_training_arguments
 
@@ -59,7 +61,7 @@ class TeamConfig(_BaseConfig):
         top_p (`float`, *optional*, defaults to `1.0`):
             Nucleus sampling for generation.
         top_k (`int`, *optional*, defaults to `None`):
-            Top-k sampling for generation (None: off).
+            Top-k sampling for generation (None or 0: off, as in TRL and transformers).
         stop_token (`str`, *optional*, defaults to `None`):
             Specifies the stop token to use for text generation. Only 'eos' is supported.
         stop_token_id (`int`, *optional*, defaults to `None`):
@@ -127,7 +129,8 @@ class TeamConfig(_BaseConfig):
             `train/nonfinite_steps_skipped`; this many in a row stop the run with an error.
         overwrite_output_dir (`bool`, *optional*, defaults to `False`):
             Train into an output_dir holding checkpoint-* folders without resuming (the old checkpoints are deleted
-            first). Without it, and without `resume_from_checkpoint`, such a run is refused.
+            once every check at the start of train() has passed). Without it, and without `resume_from_checkpoint`,
+            such a run is refused.
 
         > Parameters that control logging
 
@@ -309,7 +312,7 @@ class TeamConfig(_BaseConfig):
         },
     )
     top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling for generation."})
-    top_k: int | None = field(default=None, metadata={"help": "Top-k sampling for generation (None: off)."})
+    top_k: int | None = field(default=None, metadata={"help": "Top-k sampling for generation (None or 0: off)."})
     scale_logits_by_temperature: bool = field(
         default=True,
         metadata={"help": "Compute log-probs from logits / temperature (TRL PPO) or from raw logits (reference code)."},
@@ -368,10 +371,18 @@ class TeamConfig(_BaseConfig):
         metadata={
             "help": (
                 "Train into an output_dir that already holds checkpoint-* folders without resuming: their old "
-                "checkpoints are deleted first. Without it (and without resume_from_checkpoint) such a run is refused."
+                "checkpoints are deleted once every check at the start of train() has passed. Without it (and without "
+                "resume_from_checkpoint) such a run is refused."
             )
         },
     )
+
+    def __new__(cls, *args, **kwargs):
+        # Record which fields the caller set, before __init__ assigns them all: a preset must fill only the others,
+        # whatever value (the default's included) the user chose.
+        self = super().__new__(cls)
+        self._explicit_fields = _explicit_fields(cls, args, kwargs)
+        return self
 
     def __post_init__(self):
         if isinstance(self.model_init_kwargs, str):
@@ -381,10 +392,10 @@ class TeamConfig(_BaseConfig):
                 raise ValueError(
                     f"`preset`={self.preset!r} is unknown; choose one of {sorted(self.presets)} or leave it unset."
                 )
-            # A preset fills the fields the user left at their defaults; anything set explicitly wins.
-            defaults = {f.name: f.default for f in fields(self)}
+            # A preset fills the fields the user did not set; anything set explicitly wins, even to its default.
+            explicit = getattr(self, "_explicit_fields", None)
             for key, value in self.preset_fields().items():
-                if getattr(self, key) == defaults[key]:
+                if explicit is not None and key not in explicit:
                     setattr(self, key, value)
         # bf16 left unset (TRL would turn it on): on only where a bf16 GPU can run it, so the same script also runs
         # on a CPU-only machine (transformers refuses bf16 there unless use_cpu=True, and CPU training stays fp32).
@@ -392,12 +403,19 @@ class TeamConfig(_BaseConfig):
             from transformers.utils import is_torch_bf16_gpu_available
 
             self.bf16 = not self.use_cpu and is_torch_bf16_gpu_available()
+        if self.top_k == 0:  # TRL's configs and transformers' generate() switch top-k off with 0: same meaning here
+            self.top_k = None
         # Before TrainingArguments' own checks, so every bad number gets a message naming its field.
         check_numeric_fields(self)
         # Every TrainingArguments field either works or is refused here (trainers/supported_args.py).
         check_training_arguments(self)
         super().__post_init__()
         self._validate()
+
+    def explicit_fields(self) -> frozenset | None:
+        """The fields the user set (keyword or positional arguments; on a command line, the flags and YAML keys
+        given), or None when that cannot be known (every field passed, as by `dataclasses.replace`)."""
+        return self._explicit_fields
 
     def preset_fields(self) -> dict:
         """The fields `preset` fills (those still at their defaults)."""
@@ -426,13 +444,7 @@ class TeamConfig(_BaseConfig):
         if self.num_agents is not None and self.num_agents < 1:
             raise ValueError(f"`num_agents` must be >= 1, got {self.num_agents}.")
         if self.agent_names is not None:
-            if len(set(self.agent_names)) != len(self.agent_names):
-                raise ValueError(f"`agent_names` must be unique, got {self.agent_names}.")
-            bad = [n for n in self.agent_names if not n or "/" in n or n.startswith(".") or n in ("critic", "critics")]
-            if bad:
-                raise ValueError(
-                    f"`agent_names` {bad} cannot be used as folder names; use names without '/' that are not 'critic'."
-                )
+            check_agent_names(self.agent_names)
             if self.num_agents is not None and self.num_agents != len(self.agent_names):
                 raise ValueError(
                     f"`num_agents`={self.num_agents} but `agent_names` has {len(self.agent_names)} names; drop one "
@@ -446,3 +458,41 @@ class TeamConfig(_BaseConfig):
             raise ValueError(f"`stop_token`={self.stop_token!r}: only 'eos' is supported (or set `stop_token_id`).")
         if self.reward_weights is not None and any(not math.isfinite(w) for w in self.reward_weights):
             raise ValueError(f"`reward_weights` must be finite numbers, got {self.reward_weights}.")
+
+
+def _explicit_fields(cls, args: tuple, kwargs: dict) -> frozenset | None:
+    """The init fields a constructor call sets. HfArgumentParser / TrlParser pass every field, so a call from one
+    is read from the parser instead: the flags on its command line and the keys of its YAML config."""
+    names = [f.name for f in fields(cls) if f.init]
+    given = set(names[: len(args)]) | set(kwargs)
+    if given < set(names):
+        return frozenset(given)
+    from_parser = _fields_given_to_parser(sys._getframe(2))
+    if from_parser is not None:
+        return frozenset(from_parser & given)
+    return None  # every field passed by a caller that is not a parser (a copy of a config): all count as set
+
+
+def _fields_given_to_parser(frame) -> set | None:
+    """When `frame` (the constructor's caller) is HfArgumentParser.parse_args_into_dataclasses: the argument dests
+    its command line sets, the keys of a TrlParser YAML config, and any default a config replaced; else None."""
+    parser = frame.f_locals.get("self") if frame.f_code.co_name == "parse_args_into_dataclasses" else None
+    # transformers' HfArgumentParser or TRL's own copy of it (trl.scripts._hf_argparser): both are argparse parsers
+    if not isinstance(parser, argparse.ArgumentParser) or not hasattr(parser, "dataclass_types"):
+        return None
+    argv = frame.f_locals.get("args")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # argparse fills a default only where the namespace lacks the attribute: what still holds the marker was not given
+    marker = object()
+    namespace = argparse.Namespace(**{a.dest: marker for a in parser._actions if a.dest != argparse.SUPPRESS})
+    namespace, _ = parser.parse_known_args(argv, namespace=namespace)
+    given = {k for k, v in vars(namespace).items() if v is not marker}
+    caller = frame.f_back
+    if caller is not None and caller.f_code.co_name == "parse_args_and_config":
+        config = caller.f_locals.get("config")  # TrlParser's YAML mapping (its `env` key already popped)
+        if isinstance(config, dict):
+            given |= set(config)
+    # a default some other code replaced (set_defaults): a new object, unlike the dataclass default it started as
+    defaults = {f.name: f.default for c in parser.dataclass_types for f in fields(c)}
+    given |= {a.dest for a in parser._actions if a.dest in defaults and a.default is not defaults[a.dest]}
+    return given

@@ -94,15 +94,16 @@ class TeamUpdates:
         if self.is_deepspeed_enabled:
             # One engine.step() per minibatch: every backward below only accumulates (distributed.engine_backward);
             # DeepSpeed reduces the gradients across ranks and clips the global norm (max_grad_norm) in step().
-            # ZeRO checks the reduced gradients for NaN/inf itself and skips such a step (engine.skipped_steps).
+            # ZeRO checks the reduced gradients for NaN/inf itself and skips such a step (engine.skipped_steps);
+            # `_accumulate` turns a non-finite loss into NaN gradients so that it is skipped the same way.
             with distributed.engine_backward(self) as engine:
-                self._accumulate(scored, pairs, agents, logs, micro)
+                losses_finite = self._accumulate(scored, pairs, agents, logs, micro)
                 distributed.release_gathered(self)  # no gathered copy may outlive the step that updates the shards
                 skipped_before = engine.skipped_steps
                 self.control = self.callback_handler.on_pre_optimizer_step(self.args, self.state, self.control)
                 engine.step()
             if engine.skipped_steps > skipped_before:
-                self.nonfinite_steps.skipped("gradients")
+                self.nonfinite_steps.skipped("loss" if not losses_finite else "gradients")
                 return
             self.nonfinite_steps.stepped()
             self.control = self.callback_handler.on_optimizer_step(self.args, self.state, self.control)
@@ -148,8 +149,14 @@ class TeamUpdates:
             for loss, rows in self.step_losses(scored, mpairs, agents, logs):
                 # Backpropagated even when non-finite, so that every rank runs the same collectives; the step is
                 # then dropped by `_step`.
-                finite = finite and bool(torch.isfinite(loss.detach()).all())
-                self.accelerator.backward(loss * weight * rows / len(mpairs))
+                finite_here = bool(torch.isfinite(loss.detach()).all())
+                finite = finite and finite_here
+                scale = weight * rows / len(mpairs)
+                if not finite_here and self.is_deepspeed_enabled:
+                    # ZeRO skips a step only for non-finite gradients, and an infinite loss can have finite ones:
+                    # NaN gradients here make every rank's ZeRO skip this step (the reduced gradients carry them).
+                    scale = float("nan")
+                self.accelerator.backward(loss * scale)
                 distributed.release_gathered(self)  # ZeRO-3: the models this loss gathered, now that it is done
             if k < len(parts) - 1:  # transformers' event for an accumulation step that is not an optimizer step
                 self.control = self.callback_handler.on_substep_end(self.args, self.state, self.control)
