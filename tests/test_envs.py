@@ -168,8 +168,14 @@ def test_reset_observation_of_wrong_type():
     env = BadResetEnv(["ok", [1, "two"]])
     with pytest.raises(ValueError, match=r"invalid observation for episode 0, agent 1"):
         env.reset_batch([{}], 2)
+    # A conversation is an observation (each agent renders it with its chat template); a broken message is not.
     env = BadResetEnv([[{"role": "user", "content": "hi"}], "ok"])
-    with pytest.raises(ValueError, match=r"apply_chat_template"):
+    assert env.reset_batch([{}], 2) == [[[{"role": "user", "content": "hi"}], "ok"]]
+    env = BadResetEnv([[{"role": "user"}], "ok"])
+    with pytest.raises(ValueError, match=r"BadResetEnv\.reset's observation for episode 0, agent 0 .*messages"):
+        env.reset_batch([{}], 2)
+    env = BadResetEnv([[{"role": "user", "content": 3}], "ok"])
+    with pytest.raises(ValueError, match=r"\[0\] needs a str 'role' and a str 'content'"):
         env.reset_batch([{}], 2)
 
 

@@ -25,6 +25,7 @@ class ScriptedTeam:
         self.script = list(script)  # one dict agent -> list of texts per generate() call
         self.prompts_seen = []
         self.team = self
+        self.tokenizers = dict.fromkeys(names)  # no chat templates: the runners pass the prompts as they are
 
     def decode_observation(self, name, obs):
         return obs

@@ -343,3 +343,14 @@ def test_resume_onto_another_base_of_the_same_shapes_is_refused(
     tr = _trainer(resume, str(copy), prompts_dataset, peft_config=lora())
     tr.train(resume_from_checkpoint=ck)
     assert tr.state.global_step == 3
+
+
+def test_fingerprint_samples_stay_inside_tensors_above_float32_precision():
+    """SmolLM2's embedding has 49,152 x 576 = 28,311,552 elements: a float32 linspace put its last sample at
+    index 28,311,552 (out of bounds), so a LoRA team of the real model could not start training."""
+    from trl_collm.saved_team import _sample_indices
+
+    for n in (1, 5, 64, 65, 2**24 + 1, 49_152 * 576):
+        idx = _sample_indices(n, 64)
+        assert len(idx) == min(n, 64) and int(idx[0]) == 0 and int(idx[-1]) == n - 1
+        assert bool((idx[1:] > idx[:-1]).all())

@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import re
 
+from .chat import agent_prompt
+
 PAPER = "Liu, Chen, Amiri, Amato: CoLLM, multi-agent actor-critic for decentralized LLM collaboration (ICML 2026)"
 PAPER_URL = "https://arxiv.org/abs/2601.21972"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
@@ -57,7 +59,9 @@ def task_facts(trainer) -> dict:
     try:  # the prompts an episode starts with, from the first training row, on a copy of the env
         observations = trainer.env.clone().reset(trainer.train_dataset[0])
         team = trainer.team
-        facts["example_prompts"] = {a: team.decode_observation(a, o) for a, o in zip(team.names, observations)}
+        facts["example_prompts"] = {
+            a: team.decode_observation(a, agent_prompt(team.tokenizers[a], o)) for a, o in zip(team.names, observations)
+        }
     except Exception:  # noqa: BLE001 - a card must not fail on an env that cannot reset outside a batch
         pass
     return facts

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from . import chat
 from .envs import MultiAgentEnv
 from .sampling import Generation, Sampler
 from .team import Observation
@@ -50,23 +51,36 @@ class Rollout:
 
 
 def _prompts_for(team, observations, episode_ids, histories, agent_context, t):
-    """Each agent's prompt for the given episodes: its observation, or (agent_context="history") its own past
-    observations and completions followed by the new observation.
-    histories[e] = (observations, completions) per agent."""
+    """Each agent's prompt for the given episodes: its observation (a conversation rendered with the agent's chat
+    template, trl_collm/chat.py), or (agent_context="history") its own past observations and completions followed by
+    the new observation. histories[e] = (observations, completions) per agent."""
     names = team.names
     prompts = {a: [] for a in names}
     contexts = {a: [] for a in names}
     for e in episode_ids:
         for i, a in enumerate(names):
             obs = observations[e][i]
-            text = team.decode_observation(a, obs)
-            histories[e][0][i].append(text)
+            histories[e][0][i].append(obs)
             if agent_context == "history" and t > 0:
-                text = history_context(histories[e][0][i], histories[e][1][i])
-                obs = text
+                obs = _history_prompt(team, a, histories[e][0][i], histories[e][1][i])
+            else:
+                obs = chat.agent_prompt(team.tokenizers[a], obs)
             prompts[a].append(obs)
-            contexts[a].append(text)
+            contexts[a].append(team.decode_observation(a, obs))
     return prompts, contexts
+
+
+def _history_prompt(team, agent, observations, completions) -> str:
+    """The agent's history h_t = o_0, a_0, ..., o_t as one prompt: its conversation rendered with its template when
+    it is a chat, else the texts joined (views.history_context)."""
+    tok = team.tokenizers[agent]
+
+    def decode(ids):
+        return team.decode_observation(agent, ids)
+
+    if chat.wants_chat(tok, observations):
+        return chat.render(tok, chat.history_messages(observations, completions, decode))
+    return history_context([decode(chat.agent_prompt(tok, o)) for o in observations], completions)
 
 
 def _play_turn(sampler, env, observations, episodes, histories, agent_context, t, turn_ids):

@@ -20,6 +20,7 @@ from typing import ClassVar, NamedTuple
 
 import torch
 
+from . import chat
 from .team import AgentTeam, Observation, _left_pad, _unpad_rows
 
 
@@ -246,7 +247,8 @@ class Sampler:
             rows = [row for n in names for row in _unpad_rows(*encoded[n])]
             ids, mask = _left_pad(rows, team.pad_id(team.names[0]), self.device)
             adapters = [n for n in names for _ in range(len(observations[n]))]
-            out = self._sample(team.shared_base, ids, mask, team.pad_id(team.names[0]), adapters)
+            # One tokenizer on a shared base: the first agent's stop tokens are everyone's.
+            out = self._sample(team.shared_base, ids, mask, team.pad_id(team.names[0]), team.names[0], adapters)
             result, start = {}, 0
             for n in names:
                 part = slice(start, start + len(observations[n]))
@@ -258,11 +260,22 @@ class Sampler:
         result = {}
         for n in names:
             ids, mask = team.encode(n, observations[n], self.device)
-            out = self._sample(team.policies[n], ids, mask, team.pad_id(n))
+            out = self._sample(team.policies[n], ids, mask, team.pad_id(n), n)
             result[n] = self._finish(n, ids, mask, out.tokens, out.logprobs)
         return result
 
-    def _sample(self, model, ids, mask, pad_id: int, adapter_names: list[str] | None = None) -> Sampled:
+    def settings_for(self, name: str) -> SamplingSettings:
+        """Agent `name`'s settings: the team's, with its own stop tokens when the settings name none and its chat
+        template ends a turn with a token other than eos (trl_collm/chat.py; a mixed team has one per tokenizer)."""
+        if self.settings.stop_token_ids:
+            return self.settings
+        tok = self.team.tokenizers[name]
+        stops = chat.stop_token_ids(tok)
+        if not stops or stops == (getattr(tok, "eos_token_id", None),):  # eos alone: generate() stops there already
+            return self.settings
+        return dataclasses.replace(self.settings, stop_token_ids=stops)
+
+    def _sample(self, model, ids, mask, pad_id: int, agent: str, adapter_names: list[str] | None = None) -> Sampled:
         unwrap = self.unwrap or contextlib.nullcontext
         record = self.logprob_temperature if self.backend.records_logprobs else None
         with unwrap(model) as m:
@@ -270,7 +283,7 @@ class Sampler:
                 m,
                 ids,
                 mask,
-                self.settings,
+                self.settings_for(agent),
                 pad_id=pad_id,  # finished rows are fed it back in
                 adapter_names=adapter_names,
                 use_adapter=self.team.active if adapter_names is not None else None,
@@ -280,7 +293,7 @@ class Sampler:
 
     def _finish(self, name, query_ids, query_mask, response_ids, logprobs=None) -> Generation:
         tok = self.team.tokenizers[name]
-        stops = self.settings.stop_token_ids or (tok.eos_token_id,)
+        stops = self.settings_for(name).stop_token_ids or (tok.eos_token_id,)
         if None in stops:
             raise ValueError(
                 f"agent {name!r}'s tokenizer has no eos_token; set `stop_token_id` to the id that ends an answer."

@@ -53,6 +53,13 @@ def base_identity(team: AgentTeam) -> dict:
     return out
 
 
+def _sample_indices(n: int, k: int) -> torch.Tensor:
+    """min(n, k) evenly spaced indices of 0..n-1, first and last included, in integer arithmetic: a float32
+    linspace rounds n - 1 up past the end for tensors above 2**24 elements (SmolLM2's 49,152 x 576 embedding)."""
+    k = min(n, k)
+    return torch.arange(k, dtype=torch.int64) * (n - 1) // max(k - 1, 1)
+
+
 def _frozen_fingerprint(model: torch.nn.Module) -> str | None:
     adapters = set(getattr(model, "peft_config", {}) or {})  # adapter weights are trained, not part of the base
     digest = hashlib.sha256()
@@ -63,7 +70,7 @@ def _frozen_fingerprint(model: torch.nn.Module) -> str | None:
         if p.is_meta or (p.numel() == 0 and hasattr(p, "ds_numel")):
             return None  # not materialized here (ZeRO-3 partitions at load): cannot fingerprint
         flat = p.detach().reshape(-1)
-        idx = torch.linspace(0, flat.numel() - 1, min(flat.numel(), _SAMPLES_PER_TENSOR)).long().to(flat.device)
+        idx = _sample_indices(flat.numel(), _SAMPLES_PER_TENSOR).to(flat.device)
         values = flat[idx].to(torch.bfloat16).cpu().view(torch.int16)
         digest.update(f"{name}:{tuple(p.shape)}:".encode())
         digest.update(values.numpy().tobytes())

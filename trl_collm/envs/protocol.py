@@ -21,9 +21,10 @@ from typing import Any
 
 import torch
 
+from ..chat import check_conversation
 from ..numerics import FLOAT32_MAX, fits_float32
 
-Observation = str | list[int]
+Observation = str | list[int] | list[dict]  # a list of dicts: a conversation
 
 _REWARD_TYPES = ("joint", "per_agent", "auto")
 
@@ -106,15 +107,14 @@ def _validate_observation(obs: Any, where: str, episode: int, agent: int, agent_
         return clean_text(obs)
     if isinstance(obs, (list, tuple)) and all(_is_token_id(t) for t in obs):
         return [int(t) for t in obs]
-    hint = ""
-    if isinstance(obs, (list, tuple)) and obs and isinstance(obs[0], Mapping):
-        hint = (
-            " It looks like a chat (list of messages); render it to text first, e.g. with "
-            "tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) in a formatter."
-        )
+    if isinstance(obs, (list, tuple)) and obs and all(isinstance(m, Mapping) for m in obs):
+        # A conversation: each agent renders it with its own chat template (trl_collm/chat.py).
+        check_conversation(obs, f"{where}'s observation for episode {episode}, {_agent_label(agent, agent_names)}")
+        return [dict(m) for m in obs]
     raise ValueError(
         f"{where} returned an invalid observation for episode {episode}, {_agent_label(agent, agent_names)}: "
-        f"{_describe(obs)}. An observation must be a str (the prompt text) or a list[int] (prompt token ids).{hint}"
+        f"{_describe(obs)}. An observation must be a str (the prompt text), a list[int] (prompt token ids) or a "
+        f"list of {{'role', 'content'}} messages (a conversation)."
     )
 
 

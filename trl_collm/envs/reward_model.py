@@ -7,6 +7,7 @@ from collections.abc import Mapping
 
 import torch
 
+from ..chat import agent_prompt
 from .protocol import Observation
 
 
@@ -61,8 +62,10 @@ class RewardModelFunction:
             self._accepts_position_ids = False
 
     def _text(self, prompt: Observation) -> str:
+        # A conversation (or a task's chat form) reads as the scorer's own template renders it, as an agent's would.
+        prompt = agent_prompt(self.tokenizer, prompt)
         if isinstance(prompt, str):
-            return prompt
+            return str(prompt)
         ids = prompt.tolist() if hasattr(prompt, "tolist") else list(prompt)
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 

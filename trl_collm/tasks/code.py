@@ -34,6 +34,7 @@ import textwrap
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from ..chat import ChatPrompt, task_prompt
 from ..envs import MultiAgentEnv, StepResult
 from ..sandbox import TestReport, require_sandbox, run_tests
 from . import TaskSpec, register_task
@@ -378,25 +379,32 @@ def _problem_block(row: dict) -> str:
     return f"```python\n{row['prompt'].strip(chr(10)).rstrip()}\n```"
 
 
-def _first_prompt(agent: str, row: dict) -> str:
+def _first_parts(agent: str, row: dict) -> tuple[str, str]:
+    """(who the agent is, what it must do): the system and user messages of the chat form."""
     entry = row["entry_point"]
     if agent == "aux":
         return (
-            "You are the helper agent of a two-agent Python team. The team must implement this function:\n"
+            "You are the helper agent of a two-agent Python team.",
+            "The team must implement this function:\n"
             f"{_problem_block(row)}\n"
             f"Write ONE helper function named `aux` that performs a useful sub-task for `{entry}`. Your teammate "
             f"writes `{entry}` and will call `aux`; do not write `{entry}` yourself. Use only the standard library.\n"
-            "Answer with the code of `aux` in a ```python block.\n"
+            "Answer with the code of `aux` in a ```python block.\n",
         )
     return (
-        "You are the main agent of a two-agent Python team. Implement this function:\n"
+        "You are the main agent of a two-agent Python team.",
+        "Implement this function:\n"
         f"{_problem_block(row)}\n"
         f"Write `{_def_line(row['prompt'], entry)}` with this exact signature. Your teammate writes a helper function "
         "`aux` that "
         f"does a useful sub-task; call `aux` from `{entry}` and do the rest of the work yourself. Do not define "
         "`aux` yourself. Use only the standard library.\n"
-        f"Answer with the code of `{entry}` in a ```python block.\n"
+        f"Answer with the code of `{entry}` in a ```python block.\n",
     )
+
+
+def _first_prompt(agent: str, row: dict) -> ChatPrompt:
+    return task_prompt(*_first_parts(agent, row))
 
 
 def feedback_text(score: CodeScore, entry_point: str, max_failures: int = 3) -> str:
@@ -441,16 +449,22 @@ def feedback_text(score: CodeScore, entry_point: str, max_failures: int = 3) -> 
     return "\n".join(lines)
 
 
-def _next_prompt(agent: str, row: dict, own_code: str, feedback: str) -> str:
+def _next_prompt(agent: str, row: dict, own_code: str, feedback: str, answer: str) -> ChatPrompt:
+    """Turn 2: the plain form restates the task with the agent's extracted code; the chat form is the conversation so
+    far (task, the agent's own `answer` as the assistant, the feedback as the user)."""
     entry = row["entry_point"]
     role = "`aux` (the helper)" if agent == "aux" else f"`{entry}` (which calls `aux`)"
     code = own_code.strip() or "(no code)"
-    return (
-        f"{_first_prompt(agent, row)}\n"
+    first = _first_prompt(agent, row)
+    request = f"Write an improved version of {role} in a ```python block.\n"
+    plain = (
+        f"{first}\n"
         f"Your previous code:\n```python\n{code}\n```\n"
         f"Feedback on the team's previous attempt:\n{feedback}\n\n"
-        f"Write an improved version of {role} in a ```python block.\n"
+        f"{request}"
     )
+    reply = {"role": "user", "content": f"Feedback on the team's previous attempt:\n{feedback}\n\n{request}"}
+    return ChatPrompt(plain, [*first.messages, {"role": "assistant", "content": answer}, reply])
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -544,7 +558,9 @@ class CodeEnv(MultiAgentEnv):
             return StepResult(reward=float(reward), observations=None, done=True, info=info)
         program = score.program
         own = [program.aux_code, program.main_code]
-        observations = [_next_prompt(a, self.row, own[i], feedback) for i, a in enumerate(AGENT_NAMES)]
+        observations = [
+            _next_prompt(a, self.row, own[i], feedback, str(completions[i])) for i, a in enumerate(AGENT_NAMES)
+        ]
         return StepResult(reward=float(reward), observations=observations, done=False, info=info)
 
     # -- batch layer: run the batch's sandboxes in parallel, then step episodes as usual ----------------------

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import random
 
+from ..chat import task_prompt
 from ..envs import MultiAgentEnv, RewardFunctionEnv, StepResult
 from . import TaskSpec, register_task
 
@@ -81,7 +82,7 @@ class RepeatedMatrixEnv(MultiAgentEnv):
         self.t, self.total, self.round = 0, 0.0, row.get("round", 0)
         k = len(self.matrix)
         return [
-            _matrix_prompt(i, "repeated coordination", k) + f" Round {self.round}, turn 1 of {self.turns}."
+            task_prompt(_matrix_prompt(i, "repeated coordination", k), f"Round {self.round}, turn 1 of {self.turns}.")
             for i in range(2)
         ]
 
@@ -98,7 +99,9 @@ class RepeatedMatrixEnv(MultiAgentEnv):
             None
             if done
             else [
-                _matrix_prompt(i, "repeated coordination", k) + f" Turn {self.t + 1} of {self.turns}. {played}"
+                task_prompt(
+                    _matrix_prompt(i, "repeated coordination", k), f"Turn {self.t + 1} of {self.turns}. {played}"
+                )
                 for i in range(2)
             ]
         )
@@ -125,7 +128,9 @@ def _matrix_task(name: str, matrix, game: str, description: str):
     k, scale = len(matrix), float(max(max(r) for r in matrix))
 
     def make_env(**options):
-        formatters = [lambda row, i=i: _matrix_prompt(i, game, k) + f" Round {row['round']}." for i in range(2)]
+        formatters = [
+            lambda row, i=i: task_prompt(_matrix_prompt(i, game, k), f"Round {row['round']}.") for i in range(2)
+        ]
         return RewardFunctionEnv([matrix_reward(matrix, scale)], formatters=formatters, agent_names=None)
 
     def load_dataset(split: str = "train", source: str | None = None, limit: int | None = None):
@@ -145,9 +150,9 @@ _matrix_task(
 
 def _numbers_make_env(num_agents: int = 2, **options):
     def formatter(i):
-        return lambda row: (
-            f"You are agent {i + 1} of {num_agents}. Together your digits must add up to {row['target']}. "
-            "Answer with one digit."
+        return lambda row: task_prompt(
+            f"You are agent {i + 1} of {num_agents}.",
+            f"Together your digits must add up to {row['target']}. Answer with one digit.",
         )
 
     return RewardFunctionEnv([numbers_reward], formatters=[formatter(i) for i in range(num_agents)])

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 
+from ..chat import ChatPrompt, system_user
 from ..envs import RewardFunctionEnv
 from . import TaskSpec, register_task
 
@@ -32,12 +33,12 @@ def tags_of(row) -> dict[str, str]:
     return {"forum": forum.lower(), "subject": subject.lower()}
 
 
-def tag_prompt(row, agent: str) -> str:
+def tag_prompt(row, agent: str) -> ChatPrompt:
     tags = tags_of(row)
-    return (
-        f'Forum post: "{row["title"]}"\nTags: {tags["forum"]} / {tags["subject"]}\n'
-        f"You are the {agent} tagger. Answer with the post's {agent} tag only.\nTag:"
-    )
+    post = f'Forum post: "{row["title"]}"\nTags: {tags["forum"]} / {tags["subject"]}'
+    role = f"You are the {agent} tagger. Answer with the post's {agent} tag only."
+    # Chat form (models with a template): the role as the system message, the post as the user's.
+    return ChatPrompt(f"{post}\n{role}\nTag:", system_user(role, post))
 
 
 def _words(text: str) -> set[str]:

@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 
+from ..chat import ChatPrompt, system_user
 from ..envs import RewardFunctionEnv
 from . import TaskSpec, register_task
 
@@ -356,8 +357,9 @@ _ROLE_INSTRUCTIONS = {
 _SOURCE_LABEL = {"writing-summary": "Post", "writing-intro": "Abstract"}
 
 
-def make_formatters(rules: WritingRules) -> dict[str, Callable[[dict], str]]:
-    """One prompt formatter per role; the prompt states the role, the length window and the teammate's part."""
+def make_formatters(rules: WritingRules) -> dict[str, Callable[[dict], ChatPrompt]]:
+    """One prompt formatter per role; the prompt states the role, the length window and the teammate's part. Each
+    returns a `ChatPrompt`: agents with a chat template get its system/user form (trl_collm/chat.py)."""
     label = _SOURCE_LABEL.get(rules.task, "Source")
 
     def formatter(index: int) -> Callable[[dict], str]:
@@ -366,18 +368,23 @@ def make_formatters(rules: WritingRules) -> dict[str, Callable[[dict], str]]:
         olo, ohi = rules.windows[1 - index]
         what = _ROLE_INSTRUCTIONS.get(role, f"the {role} part")
 
-        def fmt(row: dict) -> str:
+        def fmt(row: dict) -> ChatPrompt:
             title = (row.get("title") or "").strip()
             head = f"Title: {title}\n" if title else ""
-            return (
+            instructions = (
                 f"You are the {role} writer of a two-person writing team. Write {what}.\n"
                 f"Length: {lo} to {hi} words. Your teammate writes the {other} part ({olo} to {ohi} words).\n"
                 f"Use your own words: do not copy long phrases from the {label.lower()}. Connect your sentences "
                 f"with transition words (for example 'because', 'however', 'as a result'). "
-                f"Reply with your text only.\n\n"
-                f"{head}{label}:\n{row['document']}\n\n"
-                f"{role.capitalize()} text:"
+                f"Reply with your text only."
             )
+            source = f"{head}{label}:\n{row['document']}"
+            # Plain form for models without a chat template (it cues the answer); chat form: instructions as the
+            # system message, the source then a one-line request as the user's. Without the request SmolLM2-135M
+            # answers the post's author ("I'm sorry for ...") instead of summarising it (docs/chat.md).
+            plain = f"{instructions}\n\n{source}\n\n{role.capitalize()} text:"
+            request = f"Write {what.split(':')[0]} ({lo} to {hi} words)."
+            return ChatPrompt(plain, system_user(instructions, f"{source}\n\n{request}"))
 
         fmt.__name__ = f"{role}_prompt"
         return fmt

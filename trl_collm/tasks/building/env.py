@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from ...chat import ChatPrompt, task_prompt
 from ...envs import MultiAgentEnv, StepResult
 from ..voxel import (
     Cell,
@@ -219,14 +220,15 @@ class BuildingEnv(MultiAgentEnv):
             lines.append(f"Unused palette: you have no {', '.join(unused)} in the target yet.")
         return "\n".join(lines)
 
-    def _observation(self, agent: str, turn: dict | None, comp: dict | None) -> str:
-        parts = [self._task_text(agent)]
+    def _observation(self, agent: str, turn: dict | None, comp: dict | None) -> ChatPrompt:
+        # Chat form: the task as the system message, this turn's feedback and world as the user's.
+        parts = []
         if turn is not None:
             parts.append(self._feedback(agent, turn, comp))
         parts.append(f"Turn {self.t + 1} of {self.num_turns}. World now ({legend_line(self.legend)}, . = empty):")
         parts.append(world_text(self.world, self.legend))
         parts.append("Reply with your commands only, one per line.")
-        return "\n".join(parts)
+        return task_prompt(self._task_text(agent), "\n".join(parts), sep="\n")
 
     # -- people ----------------------------------------------------------------------------------------------------
 
