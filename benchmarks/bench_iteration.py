@@ -18,6 +18,12 @@ This is a benchmark, not a test. Examples::
     python benchmarks/bench_iteration.py --smoke              # seconds; for CI
     python benchmarks/bench_iteration.py --device cuda --dtype bfloat16 --json bench.json
     python benchmarks/bench_iteration.py --sizes small --profile   # + cProfile of one CC iteration
+    python benchmarks/bench_iteration.py --model smollm2-135m-instruct --lora --configs collm --batch 2 \
+        --response-length 24 --threads 2            # the real model: a 2-agent LoRA team on one shared base
+
+``--model`` takes a model folder or a packaged name (`trl_collm.models`) in place of the tiny factory's sizes;
+``--lora`` trains one LoRA adapter per agent (r=4 on q_proj / v_proj) on one shared base, the critic being one more
+adapter with a value head (the library's default for a LoRA team), instead of separate full models.
 """
 
 from __future__ import annotations
@@ -79,6 +85,7 @@ class PhaseTimer:
     def __init__(self, trainer, device: str):
         self.device = device
         self.times: dict[str, float] = {}
+        self.cpu_times: dict[str, float] = {}
         self.last_rollout = None
         for phase in ("rollout", "score_rollout", "update"):
             setattr(trainer, phase, self._wrap(phase, getattr(trainer, phase)))
@@ -87,10 +94,11 @@ class PhaseTimer:
         @functools.wraps(fn)
         def wrapped(*args, **kwargs):
             _sync(self.device)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             out = fn(*args, **kwargs)
             _sync(self.device)
             self.times[name] = self.times.get(name, 0.0) + time.perf_counter() - t0
+            self.cpu_times[name] = self.cpu_times.get(name, 0.0) + time.process_time() - c0
             if name == "rollout":
                 self.last_rollout = out
             return out
@@ -99,17 +107,28 @@ class PhaseTimer:
 
     def reset(self):
         self.times = {}
+        self.cpu_times = {}
 
 
 # ---------------------------------------------------------------------------------------------- one config
+def _model_paths(size: str, opts) -> list[str]:
+    """The two agents' folders: a real model (`--model`, both agents from it) or two tiny factory models."""
+    if opts.model:
+        from trl_collm.models import resolve_model_name
+
+        return [resolve_model_name(opts.model)] * 2
+    from trl_collm.testing import tiny_model_dir
+
+    return [tiny_model_dir(f"bench-qwen2-{size}-s{seed}", arch="qwen2", size=size, seed=seed) for seed in (0, 1)]
+
+
 def build_trainer(config_name: str, size: str, opts, out_dir: str):
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
     from trl_collm import MultiAgentPPOConfig, MultiAgentPPOTrainer
     from trl_collm.critics import critic_outputs
-    from trl_collm.testing import tiny_model_dir
 
-    paths = [tiny_model_dir(f"bench-qwen2-{size}-s{seed}", arch="qwen2", size=size, seed=seed) for seed in (0, 1)]
+    paths = _model_paths(size, opts)
     tok = AutoTokenizer.from_pretrained(paths[0])
     dtype = torch.bfloat16 if opts.dtype == "bfloat16" else torch.float32
     on_cuda = opts.device == "cuda"
@@ -133,15 +152,21 @@ def build_trainer(config_name: str, size: str, opts, out_dir: str):
         args = MultiAgentPPOConfig(preset="collm", **common)
     else:
         args = MultiAgentPPOConfig(**common)
-    models = [AutoModelForCausalLM.from_pretrained(p, dtype=dtype) for p in paths]
-    # Build the critic ourselves only to give it the same dtype as the actors (the library would load it from
-    # agent 0's folder in the checkpoint's dtype); same model class and number of outputs as the default.
-    value_model = AutoModelForSequenceClassification.from_pretrained(
-        paths[0], num_labels=critic_outputs(args, 2), dtype=dtype
-    )
-    if on_cuda:
-        models = [m.to("cuda") for m in models]
-        value_model = value_model.to("cuda")
+    device = "cuda" if on_cuda else "cpu"
+    if opts.lora:
+        from peft import LoraConfig
+
+        # One base in the chosen dtype; the library adds an adapter per agent and the critic's adapter + head.
+        models = AutoModelForCausalLM.from_pretrained(paths[0], dtype=dtype).to(device)
+        team_kwargs = dict(peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    else:
+        models = [AutoModelForCausalLM.from_pretrained(p, dtype=dtype).to(device) for p in paths]
+        # Build the critic ourselves only to give it the same dtype as the actors (the library would load it from
+        # agent 0's folder in the checkpoint's dtype); same model class and number of outputs as the default.
+        value_model = AutoModelForSequenceClassification.from_pretrained(
+            paths[0], num_labels=critic_outputs(args, 2), dtype=dtype
+        ).to(device)
+        team_kwargs = dict(value_model=value_model)
     from datasets import Dataset
 
     ds = Dataset.from_dict({"prompt": _prompts(opts.batch, 0)})
@@ -149,9 +174,9 @@ def build_trainer(config_name: str, size: str, opts, out_dir: str):
         args=args,
         processing_class=tok,
         model=models,
-        value_model=value_model,
         train_dataset=ds,
         reward_funcs=length_reward,
+        **team_kwargs,
     )
     trainer._batch_sizes()
     total_iterations = opts.iterations + opts.warmup
@@ -164,22 +189,23 @@ def build_trainer(config_name: str, size: str, opts, out_dir: str):
 
 
 @torch.no_grad()
-def bare_generate(trainer, rows: list[dict], device: str) -> tuple[float, int]:
-    """generate() per agent on the rollout's prompts with the rollout's kwargs; returns (seconds, new tokens)."""
+def bare_generate(trainer, rows: list[dict], device: str) -> tuple[float, float, int]:
+    """generate() per agent on the rollout's prompts with the rollout's kwargs; returns (seconds, CPU seconds of this
+    process, new tokens)."""
     team = trainer.team
     prompts = [r["prompt"] for r in rows]
     tokens = 0
     _sync(device)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for a in team.names:
-        model = team.policies[a]
-        model.eval()
-        ids, mask = team.encode(a, prompts, trainer.accelerator.device)
-        kwargs = trainer.sampler.settings.generate_kwargs(team.pad_id(a))
-        out = model.generate(input_ids=ids, attention_mask=mask, **kwargs)
+        with team.active(a) as model:  # a separate model, or the shared base with agent a's adapter on
+            model.eval()
+            ids, mask = team.encode(a, prompts, trainer.accelerator.device)
+            kwargs = trainer.sampler.settings.generate_kwargs(team.pad_id(a))
+            out = model.generate(input_ids=ids, attention_mask=mask, **kwargs)
         tokens += out[:, ids.shape[1] :].numel()
     _sync(device)
-    return time.perf_counter() - t0, tokens
+    return time.perf_counter() - t0, time.process_time() - c0, tokens
 
 
 def run_config(config_name: str, size: str, opts) -> dict:
@@ -192,26 +218,32 @@ def run_config(config_name: str, size: str, opts) -> dict:
         trainer = build_trainer(config_name, size, opts, out_dir)
         t_build = time.perf_counter() - t_build
         timer = PhaseTimer(trainer, opts.device)
-        n_params = sum(p.numel() for p in trainer.team.policies[trainer.team.names[0]].parameters())
+        first = trainer.team.model_of(trainer.team.names[0])
+        n_params = sum(p.numel() for n, p in first.named_parameters() if "lora_" not in n)
         iter_s, gen_s, tokens, gen_tokens, phases = [], [], [], [], []
+        # CPU seconds of this process: on a shared machine, with one thread, about what an idle run takes
+        iter_cpu, gen_cpu, phases_cpu = [], [], []
         for i in range(opts.warmup + opts.iterations):
             rows = [{"prompt": p} for p in _prompts(opts.batch, offset=i)]
             timer.reset()
             _sync(opts.device)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             trainer.training_iteration(rows)
             _sync(opts.device)
-            dt = time.perf_counter() - t0
+            dt, dc = time.perf_counter() - t0, time.process_time() - c0
             roll = timer.last_rollout
             n_tok = int(sum(int(turn[a].gen.response_mask.sum()) for turn in roll.turns for a in roll.agent_names))
-            g_dt, g_tok = bare_generate(trainer, rows, opts.device)
+            g_dt, g_cpu, g_tok = bare_generate(trainer, rows, opts.device)
             if i < opts.warmup:
                 continue
             iter_s.append(dt)
             gen_s.append(g_dt)
+            iter_cpu.append(dc)
+            gen_cpu.append(g_cpu)
             tokens.append(n_tok)
             gen_tokens.append(g_tok)
             phases.append(dict(timer.times, other=dt - sum(timer.times.values())))
+            phases_cpu.append(dict(timer.cpu_times, other=dc - sum(timer.cpu_times.values())))
         profile_text = None
         if opts.profile and config_name in opts.profile_configs:
             rows = [{"prompt": p} for p in _prompts(opts.batch, offset=99)]
@@ -228,7 +260,7 @@ def run_config(config_name: str, size: str, opts) -> dict:
             size=size,
             config=config_name,
             params_per_agent=n_params,
-            actor_dtype=str(next(trainer.team.policies[trainer.team.names[0]].parameters()).dtype),
+            actor_dtype=str(next(first.parameters()).dtype),
             critic_dtype=str(next(trainer.critic.unit_parameters()["central"].__iter__()).dtype),
             batch=opts.batch,
             response_length=opts.response_length,
@@ -247,10 +279,16 @@ def run_config(config_name: str, size: str, opts) -> dict:
             generate_s=statistics.median(gen_s),
             generate_s_min=min(gen_s),
             generate_s_all=gen_s,
+            iteration_cpu_s=statistics.median(iter_cpu),
+            generate_cpu_s=statistics.median(gen_cpu),
             generated_tokens=sum(tokens) / len(tokens),
             bare_generate_tokens=sum(gen_tokens) / len(gen_tokens),
             phases_s={
                 k: statistics.median(p.get(k, 0.0) for p in phases)
+                for k in ("rollout", "score_rollout", "update", "other")
+            },
+            phases_cpu_s={
+                k: statistics.median(p.get(k, 0.0) for p in phases_cpu)
                 for k in ("rollout", "score_rollout", "update", "other")
             },
             peak_rss_mib=_peak_rss_mib(),
@@ -260,8 +298,9 @@ def run_config(config_name: str, size: str, opts) -> dict:
         result["tokens_per_s"] = result["generated_tokens"] / result["iteration_s"]
         result["ratio"] = result["iteration_s"] / result["generate_s"]
         result["ratio_min"] = result["iteration_s_min"] / result["generate_s_min"]
+        result["ratio_cpu"] = result["iteration_cpu_s"] / result["generate_cpu_s"]
         result["profile"] = profile_text
-        del trainer, timer
+        del trainer, timer, first
     gc.collect()
     return result
 
@@ -338,7 +377,11 @@ def main(argv=None) -> int:
     p.add_argument("--profile-configs", nargs="+", default=["collm"], choices=list(CONFIGS))
     p.add_argument("--profile-top", type=int, default=25)
     p.add_argument("--smoke", action="store_true", help="tiny only, 1 iteration, batch 2, response length 4")
+    p.add_argument("--model", default=None, help="a model folder or packaged name (e.g. smollm2-135m-instruct)")
+    p.add_argument("--lora", action="store_true", help="one LoRA adapter per agent on one shared base")
     opts = p.parse_args(argv)
+    if opts.model:
+        opts.sizes = [os.path.basename(os.path.normpath(opts.model))[:6]]  # the table's label
     if opts.smoke:
         opts.sizes, opts.iterations, opts.batch, opts.response_length = ["tiny"], 1, 2, 4
     if opts.iterations < 1:
@@ -359,7 +402,8 @@ def main(argv=None) -> int:
         f"dtype {opts.dtype}, threads {torch.get_num_threads()}"
     )
     print(
-        f"2 agents (separate qwen2 models) + centralized critic; batch {opts.batch}, response_length "
+        f"2 agents ({'LoRA adapters on one shared ' if opts.lora else 'separate '}{opts.model or 'qwen2'} "
+        f"model{'' if opts.lora else 's'}) + centralized critic; batch {opts.batch}, response_length "
         f"{opts.response_length}, "
         f"{opts.warmup} warm-up + {opts.iterations} timed iterations per config"
     )
@@ -371,6 +415,7 @@ def main(argv=None) -> int:
             r = run_config(config_name, size, opts)
             print(
                 f"  done {size}/{config_name}: iteration {r['iteration_s']:.3f}s, generate {r['generate_s']:.3f}s "
+                f"(CPU {r['iteration_cpu_s']:.3f}s / {r['generate_cpu_s']:.3f}s: ratio {r['ratio_cpu']:.2f}) "
                 f"(params/agent {r['params_per_agent']:,}, {r['actor_dtype']}/{r['critic_dtype']}, build "
                 f"{r['build_s']:.1f}s)",
                 flush=True,

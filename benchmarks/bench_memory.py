@@ -12,6 +12,14 @@ iteration, report the peak RSS and the RSS right after imports (the interpreter 
     python benchmarks/bench_memory.py                      # medium models (~45M params), n = 1 2 4 8, both layouts
     python benchmarks/bench_memory.py --size tiny --agents 1 2 --smoke
     python benchmarks/bench_memory.py --layouts separate lora comlrl   # with the reference library's growth
+    python benchmarks/bench_memory.py --model smollm2-135m-instruct --agents 2 --layouts lora   # the real model
+    python benchmarks/bench_memory.py --model smollm2-135m-instruct --logprobs --batch 8 --response-length 64
+
+`--model` takes a model folder or a packaged name (`trl_collm.models`) instead of the tiny factory's `--size`.
+`--logprobs` measures the policy-loss forward + backward alone (one agent of a LoRA team, `--batch` rows of
+`--response-length` tokens): the library's `AgentTeam.logprobs` (gather minus logsumexp, entropy without grad)
+against the textbook way (log-softmax over the whole vocabulary, gather, entropy with grad), as the peak resident
+memory above the level before the call (VmHWM reset through /proc/self/clear_refs).
 """
 
 from __future__ import annotations
@@ -42,7 +50,18 @@ def current_rss_mib() -> float:
     return rss_mib()
 
 
-def child(layout: str, n: int, size: str, batch: int, length: int) -> dict:
+def model_path(size: str, model: str | None) -> str:
+    """A real model (`--model`: a folder or packaged name) or the tiny factory's model of `size`."""
+    if model:
+        from trl_collm.models import resolve_model_name
+
+        return resolve_model_name(model)
+    from trl_collm.testing import tiny_model_dir
+
+    return tiny_model_dir(f"{size}-qwen2", size=size)
+
+
+def child(layout: str, n: int, size: str, batch: int, length: int, model: str | None = None) -> dict:
     import torch
 
     torch.set_num_threads(1)
@@ -50,9 +69,8 @@ def child(layout: str, n: int, size: str, batch: int, length: int) -> dict:
     from peft import LoraConfig
 
     from trl_collm import MultiAgentPPOConfig, MultiAgentPPOTrainer
-    from trl_collm.testing import tiny_model_dir
 
-    path = tiny_model_dir(f"{size}-qwen2", size=size)
+    path = model_path(size, model)
     import gc
 
     gc.collect()
@@ -118,17 +136,24 @@ def main():
     p.add_argument("--response-length", type=int, default=16)
     p.add_argument("--json", default=None)
     p.add_argument("--smoke", action="store_true", help="tiny models, n = 1 2")
+    p.add_argument("--model", default=None, help="a model folder or packaged name (e.g. smollm2-135m-instruct)")
+    p.add_argument("--logprobs", action="store_true", help="measure the policy-loss forward + backward alone")
     p.add_argument("--child", nargs=2, metavar=("LAYOUT", "N"), help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.smoke:
         a.size, a.agents = "tiny", [1, 2]
+    if a.child and a.child[0] in LOGPROB_VARIANTS:
+        print(json.dumps(child_logprobs(a.child[0], a.size, a.batch, a.response_length, a.model)))
+        return
     if a.child:
-        print(json.dumps(child(a.child[0], int(a.child[1]), a.size, a.batch, a.response_length)))
+        print(json.dumps(child(a.child[0], int(a.child[1]), a.size, a.batch, a.response_length, a.model)))
         return
     # Build the model once, outside the measured processes.
-    from trl_collm.testing import tiny_model_dir
-
-    path = tiny_model_dir(f"{a.size}-qwen2", size=a.size)
+    path = model_path(a.size, a.model)
+    label = os.path.basename(os.path.normpath(a.model)) if a.model else a.size
+    if a.logprobs:
+        logprobs_table(a, label)
+        return
     if "comlrl" in a.layouts and not os.path.exists(a.theirs_python):
         p.error(f"{a.theirs_python} not found: run `bash benchmarks/vs_comlrl/setup_env.sh` first (layout comlrl)")
     results = []
@@ -146,6 +171,7 @@ def main():
                 str(a.batch),
                 "--response-length",
                 str(a.response_length),
+                *(["--model", a.model] if a.model else []),
             ]
             if layout == "comlrl":
                 cmd = [
@@ -165,11 +191,11 @@ def main():
                 print(out.stderr[-2000:], file=sys.stderr)
                 raise SystemExit(f"child {layout} n={n} failed")
             row = json.loads(out.stdout.strip().splitlines()[-1])
-            row.setdefault("size", a.size)
+            row.setdefault("size", label)
             results.append(row)
             print(f"  done {layout} n={n}: peak {row['peak_rss_mib']:.0f} MiB", flush=True)
     print(
-        f"\nsize {a.size}; one training iteration (CC critic, preset collm, batch {a.batch}, {a.response_length} "
+        f"\nmodel {label}; one training iteration (CC critic, preset collm, batch {a.batch}, {a.response_length} "
         "tokens)\n"
     )
     print(
@@ -198,6 +224,107 @@ def main():
     if a.json:
         with open(a.json, "w") as f:
             json.dump(results, f, indent=1)
+
+
+# ---------------------------------------------------------------------------------------------- --logprobs
+LOGPROB_VARIANTS = ("library", "full-softmax")
+
+
+def _reset_peak_rss() -> None:
+    """Linux: writing 5 to clear_refs resets VmHWM, so the next peak is this section's alone."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def _peak_rss_now_mib() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmHWM in /proc/self/status (Linux only)")
+
+
+def child_logprobs(variant: str, size: str, batch: int, length: int, model: str | None) -> dict:
+    """Peak memory of one policy-loss forward + backward of agent 0 of a 1-agent LoRA team."""
+    import gc
+
+    import torch
+    from datasets import Dataset
+    from peft import LoraConfig
+
+    from trl_collm import MultiAgentPPOConfig, MultiAgentPPOTrainer
+    from trl_collm.prefix import position_ids_from_mask
+
+    torch.set_num_threads(1)
+    args = MultiAgentPPOConfig(
+        output_dir="/tmp/trl_collm_bench_memory", num_agents=1, use_cpu=True, bf16=False, report_to=[],
+        save_strategy="no", disable_tqdm=True, num_sample_generations=0, response_length=length,
+    )  # fmt: skip
+    trainer = MultiAgentPPOTrainer(
+        args=args,
+        model=model_path(size, model),
+        peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
+        train_dataset=Dataset.from_dict({"prompt": ["x"]}),
+        reward_funcs=lambda prompts, completions, **k: [0.0] * len(prompts),
+    )
+    team, agent = trainer.team, trainer.team.names[0]
+    query, query_mask = team.encode(agent, ["Summarize the post in one sentence for the team."] * batch, "cpu")
+    vocab = team.model_of(agent).config.vocab_size
+    response = torch.randint(3, vocab, (batch, length), generator=torch.Generator().manual_seed(0))
+    response_mask = torch.ones_like(response, dtype=torch.bool)
+    gc.collect()
+    before = current_rss_mib()
+    _reset_peak_rss()
+    t0 = time.time()
+    if variant == "library":
+        logp, entropy = team.logprobs(agent, query, query_mask, response, response_mask, 1.0, with_entropy=True)
+    else:  # the textbook way: the whole (B, L, vocab) log-softmax, and the entropy on the graph
+        ids = torch.cat([query, response], 1)
+        mask = torch.cat([query_mask.long(), response_mask.long()], 1)
+        with team.active(agent) as m:
+            logits = m(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask)).logits
+        full = torch.log_softmax(logits[:, query.shape[1] - 1 : -1].float(), dim=-1)
+        logp = full.gather(-1, response.unsqueeze(-1)).squeeze(-1)
+        entropy = -(full.exp() * full).sum(-1)
+    logged = float(entropy.mean())  # what the trainer logs
+    (-logp.mean()).backward()
+    return dict(
+        variant=variant,
+        batch=batch,
+        response_length=length,
+        vocab=vocab,
+        logits_mib=batch * length * vocab * 4 / 2**20,
+        before_rss_mib=before,
+        peak_above_mib=_peak_rss_now_mib() - before,
+        seconds=time.time() - t0,
+        entropy=logged,
+    )
+
+
+def logprobs_table(a, label: str) -> None:
+    rows = []
+    for variant in LOGPROB_VARIANTS:
+        cmd = [sys.executable, __file__, "--child", variant, "0", "--size", a.size, "--batch", str(a.batch),
+               "--response-length", str(a.response_length), *(["--model", a.model] if a.model else [])]  # fmt: skip
+        out = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+        if out.returncode != 0:
+            print(out.stderr[-2000:], file=sys.stderr)
+            raise SystemExit(f"child {variant} failed")
+        rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    r0 = rows[0]
+    print(
+        f"\nmodel {label}; policy-loss forward + backward of one agent, {r0['batch']} rows x {r0['response_length']} "
+        f"tokens, vocabulary {r0['vocab']:,} (the float32 logits alone: {r0['logits_mib']:.0f} MiB)\n"
+    )
+    print(f"{'variant':13s} {'peak above MiB':>15s} {'x logits':>9s} {'seconds':>8s} {'entropy':>8s}")
+    for r in rows:
+        print(
+            f"{r['variant']:13s} {r['peak_above_mib']:15.0f} {r['peak_above_mib'] / r['logits_mib']:9.2f} "
+            f"{r['seconds']:8.2f} {r['entropy']:8.4f}"
+        )
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rows, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -48,6 +48,26 @@ def test_bench_memory_smoke(tmp_path):
     assert "goal (lora)" in stdout
 
 
+def test_bench_iteration_lora_smoke(tmp_path):
+    """--lora: the agents are adapters on one base; bare generate() runs each adapter, CPU seconds are reported."""
+    path = tmp_path / "iteration.json"
+    run_script(
+        ["benchmarks/bench_iteration.py", "--smoke", "--lora", "--configs", "collm", "--json", str(path)], tmp_path
+    )
+    (row,) = json.loads(path.read_text())["results"]
+    assert row["iteration_cpu_s"] > 0 and row["generate_cpu_s"] > 0 and row["bare_generate_tokens"] > 0
+
+
+def test_bench_memory_logprobs_smoke(tmp_path):
+    path = tmp_path / "logprobs.json"
+    args = ["benchmarks/bench_memory.py", "--logprobs", "--size", "tiny", "--batch", "2", "--response-length", "4"]
+    stdout = run_script([*args, "--json", str(path)], tmp_path)
+    library, full = json.loads(path.read_text())
+    assert (library["variant"], full["variant"]) == ("library", "full-softmax")
+    assert library["entropy"] == pytest.approx(full["entropy"], rel=1e-4)  # the same numbers, two ways
+    assert library["peak_above_mib"] >= 0 and "x logits" in stdout
+
+
 def test_paper_findings_smoke_and_reuse(tmp_path):
     out = tmp_path / "findings.json"
     args = [

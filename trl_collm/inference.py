@@ -8,6 +8,7 @@ episodes = play(team, env, rows, num_turns=1, settings=settings)   # transcripts
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
@@ -47,7 +48,8 @@ def play(
     device = device or next(team.parameters()).device
     settings = settings or SamplingSettings(max_new_tokens=64, greedy=True)
     sampler = Sampler(team, backend or make_backend(), settings, device)
-    roll = run_episodes(sampler, env, rows, num_turns)
+    with _eval_mode(team):
+        roll = run_episodes(sampler, env, rows, num_turns)
     transcripts = []
     for e in range(len(rows)):
         turns = []
@@ -67,3 +69,16 @@ def play(
             )
         transcripts.append({"episode": e, "return": roll.rewards[e].sum(0).tolist(), "turns": turns})
     return transcripts
+
+
+@contextlib.contextmanager
+def _eval_mode(team: AgentTeam):
+    """Every module in eval mode for the episodes (no dropout; PEFT refuses per-row adapters in training mode, which a
+    trainer's team is in after train()), each put back in its own mode afterwards."""
+    modes = [(m, m.training) for m in team.modules()]
+    team.eval()
+    try:
+        yield
+    finally:
+        for module, training in modes:
+            module.training = training
