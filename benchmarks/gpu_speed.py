@@ -1,7 +1,15 @@
-"""Rollout throughput of a 2-agent team: transformers' continuous batching against HF generate(), side by side.
+"""Rollout throughput of a 2-agent team: HF generate() against transformers' continuous batching, vLLM and
+generate() with a static cache and a compiled decode step, side by side.
 
     python benchmarks/gpu_speed.py --json /tmp/rollout.json                      # GPU: 0.5B agents, bf16
     python benchmarks/gpu_speed.py --size tiny --batches 4 8 --response-length 8  # a quick check on CPU
+    python benchmarks/gpu_speed.py --model smollm2-135m-instruct --vllm --batches 8 16 --response-length 16  # vLLM venv
+    python benchmarks/gpu_speed.py --static-cache --batches 16 64 256            # GPU: issue 21 part 4's lever
+
+`--model`: a model path or name instead of the factory's random-init agents (vLLM needs head sizes its kernels
+support: SmolLM2-135M-Instruct runs). `--vllm` adds a vLLM column (trl_collm/vllm_backend.py; vLLM installed as
+docs/generation.md says); `--static-cache` adds generate() with `cache_implementation="static"`, whose decode step
+transformers compiles (no shared-prefix prefill there: that path hands generate() a dynamic cache).
 
 Builds a MultiAgentPPOTrainer on two random-init agents from the offline factory (`--size 0.5b`: 24 layers, 1152
 hidden, ~0.48B parameters each) and times `trainer.rollout(rows)` (prompts -> both agents' completions -> rewards,
@@ -32,6 +40,30 @@ def _sync():
         torch.cuda.synchronize()
 
 
+class _StaticCacheGenerate:
+    """generate() with the model's generation config switched to a static KV cache for the call (transformers then
+    compiles the decode step once per shape)."""
+
+    def __init__(self, **kwargs):
+        from trl_collm.generation import GenerateBackend
+
+        self.inner = GenerateBackend(**kwargs)
+        self.records_logprobs = self.inner.records_logprobs
+
+    def generate(self, model, *args, **kwargs):
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        config = base.generation_config
+        previous = config.cache_implementation
+        config.cache_implementation = "static"
+        try:
+            return self.inner.generate(model, *args, **kwargs)
+        finally:
+            config.cache_implementation = previous
+
+    def weights_changed(self):
+        return None
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--size", default="0.5b")
@@ -44,6 +76,9 @@ def main():
         default=["{}"],
         help="JSON dicts for ContinuousBatchingConfig; each one is timed as its own column",
     )
+    p.add_argument("--model", default=None, help="model path or name (default: the factory's --size agents)")
+    p.add_argument("--vllm", action="store_true", help="add a vLLM column (use_vllm's backend)")
+    p.add_argument("--static-cache", action="store_true", help="add generate() with a static cache + compiled step")
     p.add_argument("--deadline", type=float, default=None, help="Unix time by which to stop starting measurements")
     p.add_argument("--json", default=None)
     a = p.parse_args()
@@ -55,7 +90,7 @@ def main():
     from trl_collm.testing import tiny_model_dir
 
     cuda = torch.cuda.is_available()
-    path = tiny_model_dir(f"{a.size}-qwen2", size=a.size)
+    path = a.model or tiny_model_dir(f"{a.size}-qwen2", size=a.size)
     rows = [f"write step {i} of the plan for the house" for i in range(max(a.batches))]
     args = MultiAgentPPOConfig(
         output_dir="/tmp/trl_collm_gpu_speed",
@@ -80,8 +115,14 @@ def main():
     backends = {"generate": GenerateBackend.from_config(args)}
     for i, config in enumerate(a.cb_config):
         backends["continuous_batching" + (f"_{i}" if i else "")] = ContinuousBatchingBackend(json.loads(config))
+    if a.vllm:
+        from trl_collm.vllm_backend import VLLMBackend
+
+        backends["vllm"] = VLLMBackend.from_config(args)
+    if a.static_cache:
+        backends["generate_static_compiled"] = _StaticCacheGenerate(batch_size=max(a.batches), share_prefix=False)
     result = {
-        "size": a.size,
+        "size": a.model or a.size,
         "device": torch.cuda.get_device_name(0) if cuda else "cpu",
         "dtype": "bfloat16" if cuda else "float32",
         "response_length": a.response_length,

@@ -275,7 +275,7 @@ def _value(e, key):
     return key(e) if callable(key) else e[key]
 
 
-def table(results, task_name, warm_eval):
+def table(results, task_name, warm_eval, columns=None):
     """Per method: the eval columns (mean, min, max over seeds) and env steps to 80%.
 
     Steps to 80%: the first env-step count at which a run's moving mean (5 iterations) of the training return reaches
@@ -288,7 +288,7 @@ def table(results, task_name, warm_eval):
     starts = [sum(v for _, v in r["curve"][:5]) / len(r["curve"][:5]) for r in results]
     start = sum(starts) / len(starts)
     level = start + 0.8 * (best - start)
-    cols = COLUMNS[task_name]
+    cols = columns or COLUMNS[task_name]
     rows = [
         dict(
             method="warm",
@@ -314,11 +314,14 @@ def table(results, task_name, warm_eval):
     return dict(task=task_name, start=start, best=best, level=level, columns=[c for c, _, _ in cols], rows=rows)
 
 
-def format_table(t) -> str:
-    cols = COLUMNS[t["task"]]
-    paper = t["task"] == "building-str"
+def format_table(t, columns=None, start_name="warm start (SFT)", extra=None) -> str:
+    """Markdown of `table`'s result. `extra`: (header, method -> cell) for a last column (default: the paper's
+    StrBuild figures on building-str); the start row's method is "warm"."""
+    cols = columns or COLUMNS[t["task"]]
+    if extra is None and t["task"] == "building-str":
+        extra = ("paper IoU / Adj", lambda m: "{} / {}".format(*PAPER_STRBUILD[m]))
     head = ["method", "lr", "seeds"] + t["columns"] + ["train return (final)", "env steps to 80%"]
-    head += ["paper IoU / Adj"] if paper else []
+    head += [extra[0]] if extra else []
     lines = [
         f"steps to 80%: level {t['level']:.3f} = start {t['start']:.3f} + 0.8 x (best final {t['best']:.3f} - start)",
         "| " + " | ".join(head) + " |",
@@ -334,12 +337,12 @@ def format_table(t) -> str:
         else:
             got = [x for x in r["reach"] if x is not None]
             reach = f"{sum(got) / len(got):.0f} ({len(got)}/{len(r['reach'])} seeds)" if got else "not reached"
-        name = "warm start (SFT)" if r["method"] == "warm" else r["method"].upper()
+        name = start_name if r["method"] == "warm" else r["method"].upper()
         cells = [name, "-" if r["lr"] is None else f"{r['lr']:g}", str(r["seeds"])]
         cells += [fmt(r, x, d) for x, (_, _, d) in zip(r["cols"], cols)]
         cells += ["-" if r["train_final"] is None else fmt(r, r["train_final"], 3), reach]
-        if paper:
-            cells.append("{} / {}".format(*PAPER_STRBUILD[r["method"]]))
+        if extra:
+            cells.append(extra[1](r["method"]))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -81,7 +81,7 @@ def test_bad_settings_are_refused_naming_the_field(kwargs, field):
     SamplingSettings(max_new_tokens=4, temperature=0.0, greedy=True)  # no temperature is used when greedy
 
 
-def test_backends_register_by_name_and_are_built_from_the_arguments():
+def test_backends_register_by_name_and_are_built_from_the_arguments(monkeypatch):
     with pytest.raises(TypeError):
         GenerationBackend()  # the contract: a backend must implement generate()
     with pytest.raises(ValueError, match="has no `name`"):
@@ -89,8 +89,13 @@ def test_backends_register_by_name_and_are_built_from_the_arguments():
     assert isinstance(make_backend(None), GenerateBackend)
     built = make_backend(types.SimpleNamespace(local_rollout_forward_batch_size=3, share_prompt_prefix=False))
     assert (built.batch_size, built.share_prefix) == (3, False)
-    with pytest.raises(ValueError, match=r"generation backend 'vllm' is not available \(registered: "):
-        make_backend(types.SimpleNamespace(use_vllm=True))
+    from trl_collm import sampling
+
+    monkeypatch.setattr(sampling, "backend_name", lambda args: "nope")
+    with pytest.raises(ValueError, match=r"generation backend 'nope' is not available \(registered: "):
+        make_backend(None)
+    monkeypatch.undo()
+    vllm_backend = BACKENDS["vllm"]
 
     @register_backend
     class FakeEngine(GenerateBackend):
@@ -99,7 +104,7 @@ def test_backends_register_by_name_and_are_built_from_the_arguments():
     try:
         assert type(make_backend(types.SimpleNamespace(use_vllm=True))) is FakeEngine
     finally:
-        BACKENDS.pop("vllm")
+        BACKENDS["vllm"] = vllm_backend
 
 
 class RecordingBackend(GenerateBackend):

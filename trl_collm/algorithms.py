@@ -305,11 +305,13 @@ def policy_loss_clipped(
     advantages: Tensor,
     mask: Tensor,
     cliprange: float | None,
+    token_weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO clipped surrogate loss (to minimise) plus detached diagnostics.
 
     Advantages are detached: they are targets, and a gradient leaking into a
     shared value head through them would silently change the objective.
+    `token_weights`: (B, L) constants multiplying each token's loss (the importance-sampling correction).
     """
     new = _to_acc(new_logprobs)
     m = _bool_mask(mask, new)
@@ -321,7 +323,10 @@ def policy_loss_clipped(
         l2 = l1
     else:
         l2 = -adv * torch.clamp(ratio, 1.0 - cliprange, 1.0 + cliprange)
-    loss = masked_mean(torch.max(l1, l2), m)
+    per_token = torch.max(l1, l2)
+    if token_weights is not None:
+        per_token = per_token * _to_acc(token_weights.detach()).to(new.device)
+    loss = masked_mean(per_token, m)
     with torch.no_grad():
         stats = {
             "clipfrac": masked_mean((l2 > l1).to(new.dtype), m),
@@ -332,17 +337,56 @@ def policy_loss_clipped(
     return loss, {k: v.detach() for k, v in stats.items()}
 
 
-def policy_loss_reinforce(new_logprobs: Tensor, advantages: Tensor, mask: Tensor) -> Tensor:
+def policy_loss_reinforce(
+    new_logprobs: Tensor, advantages: Tensor, mask: Tensor, token_weights: Tensor | None = None
+) -> Tensor:
     """REINFORCE: mean over sequences of -(sum of valid-token logprobs) * A.
 
     Summing (not averaging) over tokens matches the reference rule, so each
     valid token gets gradient -A/B. Advantages are detached (constants).
+    `token_weights`: (B, L) constants multiplying each token's term (the importance-sampling correction).
     """
     lp = _to_acc(new_logprobs)
+    if token_weights is not None:
+        lp = lp * _to_acc(token_weights.detach()).to(lp.device)
     m = _bool_mask(mask, lp)
     seq_lp = _zero_masked(lp, m).sum(dim=-1)
     adv = _to_acc(advantages.detach()).to(lp.device).reshape(seq_lp.shape)
     return (-(seq_lp * adv)).mean()
+
+
+IMPORTANCE_SAMPLING_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+
+
+def importance_sampling_weights(
+    trainer_logprobs: Tensor,
+    sampler_logprobs: Tensor,
+    mask: Tensor,
+    mode: str,
+    clip_min: float | None,
+    clip_max: float | None,
+) -> Tensor:
+    """(B, L) weights correcting for tokens sampled by an engine whose numerics differ from the trainer's (TRL GRPO's
+    `vllm_importance_sampling_*`): the ratio pi_trainer / pi_sampler per token (`token_*`) or per response (the
+    product over its tokens, `sequence_*`), clipped to [clip_min, clip_max] (`*_truncate`) or zeroed outside it
+    (`*_mask`). A bound left None is not applied. Zero on masked tokens."""
+    if mode not in IMPORTANCE_SAMPLING_MODES:
+        raise ValueError(f"importance-sampling mode {mode!r} is not one of {IMPORTANCE_SAMPLING_MODES}.")
+    m = _bool_mask(mask, trainer_logprobs)
+    log_ratio = _zero_masked(_to_acc(trainer_logprobs) - _to_acc(sampler_logprobs).to(trainer_logprobs.device), m)
+    if mode.startswith("sequence"):
+        log_ratio = log_ratio.sum(-1, keepdim=True).expand_as(m)
+    ratio = torch.exp(log_ratio)
+    if mode.endswith("truncate"):
+        ratio = torch.clamp(ratio, min=clip_min, max=clip_max)
+    else:
+        keep = torch.ones_like(m)
+        if clip_min is not None:
+            keep = keep & (ratio >= clip_min)
+        if clip_max is not None:
+            keep = keep & (ratio <= clip_max)
+        ratio = ratio * keep
+    return _zero_masked(ratio, m).detach()
 
 
 def value_loss_clipped(

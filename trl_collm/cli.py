@@ -38,12 +38,12 @@ def user_errors(context: str = ""):
     """Inside this block (argument parsing, config validation, building the trainer: before any training step),
     ValueError / OSError (FileNotFoundError, a model path that does not exist, ...) are the user's to fix and
     become UsageError. Training, evaluation and saving run outside it: an error there is a bug and keeps its
-    traceback."""
+    traceback. A missing optional package (ImportError) is the user's to install."""
     try:
         yield
     except UsageError:
         raise
-    except (ValueError, OSError) as e:
+    except (ValueError, OSError, ImportError) as e:  # ImportError: an optional package is missing (vLLM)
         raise UsageError(f"{context}{e}") from e
     except RuntimeError as e:  # the code sandbox missing on this machine: its message already says the fix
         from .sandbox.bwrap import SandboxUnavailable
@@ -622,6 +622,14 @@ def _eval_parser(prog: str, play: bool):
         default=None,
         help="JSON dict for transformers' ContinuousBatchingConfig",
     )
+    p.add_argument(
+        "--use_vllm",
+        action="store_true",
+        help="generate with vLLM (docs/generation.md; one engine per agent model, LoRA adapters as vLLM LoRA)",
+    )
+    p.add_argument("--vllm_max_model_length", type=int, default=None, help="vLLM context window (default: model's)")
+    p.add_argument("--vllm_gpu_memory_utilization", type=float, default=0.3, help="GPU memory share of the engine")
+    p.add_argument("--vllm_model_impl", default="vllm", choices=["vllm", "transformers"])
     if play:
         p.add_argument(
             "--render",
@@ -726,6 +734,11 @@ def _task_for_eval(ns, desc: dict, asked):
 def evaluate_team(argv: list[str], play_mode: bool = False):
     prog = f"trl-collm {'play' if play_mode else 'eval'}"
     opts_ns = _eval_parser(prog, play_mode).parse_args(argv)
+    if opts_ns.use_vllm:  # before any team or task is loaded
+        with user_errors():
+            from .vllm_backend import check_vllm_fields
+
+            check_vllm_fields(opts_ns)
     asked = _get_task(opts_ns.task) if opts_ns.task is not None else None  # a wrong name is said first
     if not os.path.isfile(os.path.join(opts_ns.team_dir, "team.json")):
         raise UsageError(
@@ -763,7 +776,7 @@ def evaluate_team(argv: list[str], play_mode: bool = False):
             gen, greedy=not opts_ns.sample, max_new_tokens=opts_ns.max_new_tokens, temperature=opts_ns.temperature
         )
         team = load_team(opts_ns.team_dir, base_model=opts_ns.base_model, device=opts_ns.device)
-        backend = make_backend(opts_ns)  # generate() or continuous batching (trl_collm/generation.py)
+        backend = make_backend(opts_ns)  # generate(), continuous batching or vLLM (trl_collm/sampling.py)
     for a, limit in (gen.get("max_prompt_length") or {}).items():
         if a in team.names:
             team.prompt_limits[a] = limit

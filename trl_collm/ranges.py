@@ -73,6 +73,10 @@ RANGES: dict[str, tuple] = {
     "top_p": _UNIT_OPEN_BOTTOM,
     "top_k": _AT_LEAST_1,  # None (or 0, made None by TeamConfig) switches top-k off
     "early_termination_threshold": _ANY,
+    "vllm_gpu_memory_utilization": _UNIT_OPEN_BOTTOM,
+    "vllm_max_model_length": _AT_LEAST_1,
+    "vllm_importance_sampling_clip_max": _ABOVE_0,
+    "vllm_importance_sampling_clip_min": _AT_LEAST_0,
     "max_nonfinite_steps": _AT_LEAST_1,
     # PPO
     "num_ppo_epochs": _AT_LEAST_1,

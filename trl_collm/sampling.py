@@ -111,6 +111,9 @@ class Sampled(NamedTuple):
 
     tokens: torch.Tensor  # (B, L) the new tokens only, right-padded with the call's pad id
     logprobs: torch.Tensor | None  # (B, L) the sampler's log-probs of those tokens, or None (see `records_logprobs`)
+    # (B, L) an engine's own log-probs of those tokens at the sampling temperature (vLLM), for the importance-sampling
+    # correction between its numerics and the trainer's; None for backends that sample with the trainer's forward
+    engine_logprobs: torch.Tensor | None = None
 
 
 class GenerationBackend(abc.ABC):
@@ -190,7 +193,7 @@ def backend_name(args) -> str:
 
 def make_backend(args=None) -> GenerationBackend:
     """Build the backend the trainer config or command-line namespace asks for (HF generate() by default)."""
-    from . import generation  # noqa: F401  (registers the built-in backends)
+    from . import generation, vllm_backend  # noqa: F401  (register the built-in backends; vLLM is imported by an engine)
 
     name = backend_name(args)
     if name not in BACKENDS:
@@ -212,6 +215,9 @@ class Generation:
     # (B, Lr) log softmax(logits / T) of each sampled token as the sampler saw it (0 after the stop token), when the
     # sampler was asked for them (`Sampler.logprob_temperature`) and its backend records them; else None
     sampled_logprobs: torch.Tensor | None = None
+    # (B, Lr) the engine's log-probs of the sampled tokens (0 after the stop token) when the backend is an engine with
+    # numerics of its own (vLLM; `Sampled.engine_logprobs`), else None
+    engine_logprobs: torch.Tensor | None = None
 
 
 @dataclasses.dataclass
@@ -253,15 +259,16 @@ class Sampler:
             for n in names:
                 part = slice(start, start + len(observations[n]))
                 lp = out.logprobs[part] if out.logprobs is not None else None
+                elp = out.engine_logprobs[part] if out.engine_logprobs is not None else None
                 # Each agent's own prompt padding may be shorter than the joint one; trim the shared left padding.
-                result[n] = _trim_left(self._finish(n, ids[part], mask[part], out.tokens[part], lp))
+                result[n] = _trim_left(self._finish(n, ids[part], mask[part], out.tokens[part], lp, elp))
                 start += len(observations[n])
             return result
         result = {}
         for n in names:
             ids, mask = team.encode(n, observations[n], self.device)
             out = self._sample(team.policies[n], ids, mask, team.pad_id(n), n)
-            result[n] = self._finish(n, ids, mask, out.tokens, out.logprobs)
+            result[n] = self._finish(n, ids, mask, out.tokens, out.logprobs, out.engine_logprobs)
         return result
 
     def settings_for(self, name: str) -> SamplingSettings:
@@ -291,7 +298,7 @@ class Sampler:
                 lockstep=self.lockstep() if self.lockstep is not None else None,
             )
 
-    def _finish(self, name, query_ids, query_mask, response_ids, logprobs=None) -> Generation:
+    def _finish(self, name, query_ids, query_mask, response_ids, logprobs=None, engine_logprobs=None) -> Generation:
         tok = self.team.tokenizers[name]
         stops = self.settings_for(name).stop_token_ids or (tok.eos_token_id,)
         if None in stops:
@@ -310,7 +317,9 @@ class Sampler:
         ]
         if logprobs is not None:
             logprobs = logprobs.masked_fill(~response_mask, 0.0)
-        return Generation(query_ids, query_mask, response_ids, response_mask, texts, ended, logprobs)
+        if engine_logprobs is not None:
+            engine_logprobs = engine_logprobs.masked_fill(~response_mask, 0.0)
+        return Generation(query_ids, query_mask, response_ids, response_mask, texts, ended, logprobs, engine_logprobs)
 
 
 def _trim_left(gen: Generation) -> Generation:

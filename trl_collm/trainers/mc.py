@@ -186,7 +186,8 @@ class MultiAgentMCTrainer(TeamTrainerBase):
         """Advantages per sample, and the old / reference log-probs the loss needs."""
         args, names = self.args, self.team.names
         advantages = self.advantages(tree)
-        need_old = args.loss_type == "clipped" or args.beta != 0
+        # vLLM's importance-sampling correction compares the engine's log-probs with the sampling weights' own
+        need_old = args.loss_type == "clipped" or args.beta != 0 or self._corrects_importance()
         turns = []
         for t, turn in enumerate(tree.turns):
             scored = {}
@@ -201,6 +202,9 @@ class MultiAgentMCTrainer(TeamTrainerBase):
                 )
             turns.append(scored)
         return ScoredTree(tree, turns, advantages)
+
+    def _corrects_importance(self) -> bool:
+        return bool(self.args.use_vllm and self.args.vllm_importance_sampling_correction)
 
     def step_losses(self, scored: ScoredTree, mpairs: torch.Tensor, agents: list[str], logs):
         """The agents' policy losses (no critic)."""
@@ -218,11 +222,16 @@ class MultiAgentMCTrainer(TeamTrainerBase):
             a, g.query_ids[rows], g.query_mask[rows], g.response_ids[rows], mask, temp, with_entropy=True
         )
         adv = at.advantages[rows].to(new.device)
+        weights = (
+            self.importance_weights(a, g, rows, at.old_logprobs[rows], mask, logs)
+            if self._corrects_importance()
+            else None
+        )
         if args.loss_type == "reinforce":
-            loss = alg.policy_loss_reinforce(new, adv, mask)
+            loss = alg.policy_loss_reinforce(new, adv, mask, weights)
             clipfrac = torch.tensor(0.0)
         else:
-            loss, st = alg.policy_loss_clipped(new, at.old_logprobs[rows], adv, mask, args.epsilon)
+            loss, st = alg.policy_loss_clipped(new, at.old_logprobs[rows], adv, mask, args.epsilon, weights)
             clipfrac = st["clipfrac"]
         if args.beta != 0:
             kl = alg.masked_mean(alg.kl_per_token(new, at.ref_logprobs[rows], args.kl_estimator), mask)

@@ -375,8 +375,9 @@ class MultiAgentPPOTrainer(TeamTrainerBase):
         if st.old_deferred:  # see _defer_old_logprobs: this forward is the first with these weights
             st.old_logprobs[rows] = new.detach()
         adv = st.advantages[rows].to(new.device)
+        weights = self.importance_weights(a, g, rows, st.old_logprobs[rows], mask, logs)
         if args.policy_loss_type == "reinforce":
-            loss = alg.policy_loss_reinforce(new, adv, mask)
+            loss = alg.policy_loss_reinforce(new, adv, mask, weights)
             ratio = torch.exp((new - st.old_logprobs[rows]).masked_fill(~mask, 0))
             stats = {
                 "clipfrac": torch.tensor(0.0),
@@ -384,7 +385,7 @@ class MultiAgentPPOTrainer(TeamTrainerBase):
                 "ratio_mean": alg.masked_mean(ratio, mask),
             }
         else:
-            loss, stats = alg.policy_loss_clipped(new, st.old_logprobs[rows], adv, mask, args.cliprange)
+            loss, stats = alg.policy_loss_clipped(new, st.old_logprobs[rows], adv, mask, args.cliprange, weights)
         ent_mean = alg.masked_mean(ent, mask)
         logged = (
             ("policy/approxkl_avg", stats["approxkl"]),

@@ -26,6 +26,8 @@ TEAM_CHOICES = {
     "reward_type": ("auto", "joint", "per_agent"),
     "grad_clip_scope": ("global", "per_module"),
     "agent_context": ("observation", "history"),
+    "vllm_model_impl": ("vllm", "transformers"),
+    "vllm_importance_sampling_mode": ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask"),
 }
 
 
@@ -89,6 +91,33 @@ class TeamConfig(_BaseConfig):
             teams run one call per adapter (see docs/generation.md).
         transformers_continuous_batching_config (`dict | str`, *optional*, defaults to `None`):
             Keyword arguments for `transformers.generation.ContinuousBatchingConfig` (a dict or JSON string).
+        use_vllm (`bool`, *optional*, defaults to `False`):
+            Generate rollouts with vLLM instead of `generate()`: one engine per distinct agent model, or one engine
+            over the shared base with one LoRA adapter per agent; weights re-sent after every update. vLLM is
+            installed apart from this project (see docs/generation.md).
+        vllm_mode (`str`, *optional*, defaults to `'colocate'`):
+            'colocate': the engine runs in the training process. TRL's 'server' mode is refused (one external server
+            holds one model; a team needs one engine per agent model and its weight sync).
+        vllm_gpu_memory_utilization (`float`, *optional*, defaults to `0.3`):
+            Fraction of the GPU's memory the colocated engine takes (weights and KV cache); on CPU vLLM sizes its
+            KV cache with VLLM_CPU_KVCACHE_SPACE instead.
+        vllm_max_model_length (`int`, *optional*, defaults to `None`):
+            The engine's context window (prompt plus response); default: the model's.
+        vllm_enable_sleep_mode (`bool`, *optional*, defaults to `False`):
+            Put the engine to sleep (weights and KV cache released) between rollouts; it wakes with the new weights.
+            GPU only.
+        vllm_model_impl (`str`, *optional*, defaults to `'vllm'`):
+            'vllm' (vLLM's own model code) or 'transformers' (vLLM's transformers backend).
+        vllm_importance_sampling_correction (`bool`, *optional*, defaults to `True`):
+            Weight the policy loss by the clipped or masked ratio of the trainer's old log-probs to vLLM's sampler
+            log-probs (truncated importance sampling, as TRL's GRPO does), correcting for the engine's numerics.
+        vllm_importance_sampling_mode (`str`, *optional*, defaults to `'sequence_mask'`):
+            'token_truncate', 'token_mask', 'sequence_truncate' or 'sequence_mask': per-token or per-response ratios,
+            clipped to [clip_min, clip_max] (truncate) or zeroed outside it (mask).
+        vllm_importance_sampling_clip_max (`float`, *optional*, defaults to `3.0`):
+            Upper bound of the importance-sampling ratio (None: no upper bound).
+        vllm_importance_sampling_clip_min (`float`, *optional*, defaults to `None`):
+            Lower bound of the importance-sampling ratio (None: 0 for truncate modes, none for mask modes).
 
         > Parameters that control rewards and episodes
 
@@ -269,6 +298,55 @@ class TeamConfig(_BaseConfig):
                 "string). Default on GPU: max_memory_percent=0.5, as in TRL; on CPU the cache is sized to each call."
             )
         },
+    )
+    # vLLM: TRL 1.16 GRPOConfig's names and defaults. Read by trl_collm/vllm_backend.py; docs/generation.md.
+    use_vllm: bool = field(
+        default=False,
+        metadata={
+            "help": (
+                "Generate rollouts with vLLM (see docs/generation.md) instead of generate(): one engine per agent "
+                "model, or one over the shared base with one LoRA adapter per agent; weights re-sent after each update."
+            )
+        },
+    )
+    vllm_mode: str = field(
+        default="colocate",
+        metadata={"help": "'colocate' (the engine runs in the training process); 'server' is refused for teams."},
+    )
+    vllm_gpu_memory_utilization: float = field(
+        default=0.3,
+        metadata={"help": "Fraction of the GPU's memory the colocated engine takes (weights and KV cache)."},
+    )
+    vllm_max_model_length: int | None = field(
+        default=None, metadata={"help": "The engine's context window (prompt plus response); default: the model's."}
+    )
+    vllm_enable_sleep_mode: bool = field(
+        default=False,
+        metadata={"help": "Put the engine to sleep between rollouts (GPU only); it wakes with the new weights."},
+    )
+    vllm_model_impl: str = field(
+        default="vllm",
+        metadata={"help": "'vllm' (vLLM's own model code) or 'transformers' (vLLM's transformers backend)."},
+    )
+    vllm_importance_sampling_correction: bool = field(
+        default=True,
+        metadata={
+            "help": (
+                "Weight the policy loss by the clipped or masked ratio of the trainer's old log-probs to vLLM's "
+                "sampler log-probs (truncated importance sampling, as TRL's GRPO)."
+            )
+        },
+    )
+    vllm_importance_sampling_mode: str = field(
+        default="sequence_mask",
+        metadata={"help": "'token_truncate', 'token_mask', 'sequence_truncate' or 'sequence_mask'."},
+    )
+    vllm_importance_sampling_clip_max: float | None = field(
+        default=3.0, metadata={"help": "Upper bound of the importance-sampling ratio (None: no upper bound)."}
+    )
+    vllm_importance_sampling_clip_min: float | None = field(
+        default=None,
+        metadata={"help": "Lower bound of the importance-sampling ratio (None: 0 for truncate, none for mask modes)."},
     )
 
     max_prompt_length: int | None = field(
@@ -456,6 +534,10 @@ class TeamConfig(_BaseConfig):
             raise ValueError(f"`temperature` must be > 0, got {self.temperature}.")
         if self.stop_token is not None and self.stop_token != "eos":
             raise ValueError(f"`stop_token`={self.stop_token!r}: only 'eos' is supported (or set `stop_token_id`).")
+        if self.use_vllm:
+            from ..vllm_backend import check_vllm_fields
+
+            check_vllm_fields(self)
         if self.reward_weights is not None and any(not math.isfinite(w) for w in self.reward_weights):
             raise ValueError(f"`reward_weights` must be finite numbers, got {self.reward_weights}.")
 

@@ -1,6 +1,7 @@
 """The update half of a trainer: the optimizer over per-module parameter groups, gradient clipping, and the update
 schedule (epochs x minibatches of played (episode, turn) pairs -> optimizer steps, each accumulated over
-micro-batches, with the non-finite guard). A trainer implements one hook, `step_losses`.
+micro-batches, with the non-finite guard), and the importance-sampling weights the losses apply to vLLM-sampled rows.
+A trainer implements one hook, `step_losses`.
 
 `TeamUpdates` is mixed into `TeamTrainerBase`; it uses the trainer's `args`, `team`, `critic`, `accelerator`,
 `optimizer`, `lr_scheduler`, `callback_handler`, `state`, `control` and `nonfinite_steps`.
@@ -14,6 +15,7 @@ from collections import defaultdict
 import torch
 from transformers import Trainer
 
+from .. import algorithms as alg
 from ..numerics import gradients_finite
 from . import distributed
 
@@ -167,6 +169,33 @@ class TeamUpdates:
         (loss, rows), a mean over `rows` of the micro-batch's pairs (the base weights it by rows / len(mpairs)).
         Append what to log to `logs[key]`. The one hook a trainer implements for its update."""
         raise NotImplementedError
+
+    def importance_weights(self, agent: str, gen, rows, trainer_logprobs, mask, logs):
+        """The importance-sampling correction's (B, L) weights for rows sampled by vLLM (`vllm_importance_sampling_*`,
+        algorithms.importance_sampling_weights), or None when it does not apply. `trainer_logprobs`: the trainer's
+        log-probs of the sampled tokens under the weights that sampled them (PPO's old log-probs). Logs the
+        engine-vs-trainer log-prob gap and the mean weight."""
+        args = self.args
+        if not getattr(args, "use_vllm", False) or gen.engine_logprobs is None:
+            return None
+        engine = gen.engine_logprobs[rows].to(trainer_logprobs.device)
+        m = mask.bool()
+        gap = (trainer_logprobs.detach() - engine).abs()
+        logs["vllm/logprob_gap_mean"].append(float(alg.masked_mean(gap, m)))
+        logs["vllm/logprob_gap_max"].append(float(gap.masked_fill(~m, 0).max()) if m.any() else 0.0)
+        if not args.vllm_importance_sampling_correction:
+            return None
+        weights = alg.importance_sampling_weights(
+            trainer_logprobs.detach(),
+            engine,
+            m,
+            args.vllm_importance_sampling_mode,
+            args.vllm_importance_sampling_clip_min,
+            args.vllm_importance_sampling_clip_max,
+        )
+        logs["vllm/is_weight_mean"].append(float(alg.masked_mean(weights, m)))
+        logs[f"{agent}/vllm/is_weight_mean"].append(logs["vllm/is_weight_mean"][-1])
+        return weights
 
     @staticmethod
     def agent_rows(turns, mpairs: torch.Tensor, agents: list[str]):

@@ -1,0 +1,507 @@
+"""The paper's tasks learned by a real model: LoRA teams of SmolLM2-135M-Instruct (trl_collm.models) on
+writing-summary (the paper's TLDR task: CC vs DC vs MC) and code-humaneval (2 turns, sandbox on: CC vs MC).
+
+Every method trains LoRA adapters (one per agent, plus the critic's for CC/DC) on the same shared base, from the
+same model, at the same environment-step budget (one env step = one joint action scored by the env; an MC prompt
+expanded per branch costs G x turns). The learning rate is chosen per method the same way for all (as
+warm_findings.py does): each method runs at each of its rates on the sweep seed, the rate with the best final
+training return is kept, and the other seeds run at it. Before training (the starting model) and after, the team
+plays the task's held-out rows (temperature 1, a fixed seed) and each reward level's pass rate is recorded.
+
+    python benchmarks/real_findings.py writing-summary --jobs 2      # the writing table (3 methods x 3 seeds)
+    python benchmarks/real_findings.py code-humaneval --jobs 2       # the code table (CC vs MC, 2 seeds)
+    python benchmarks/real_findings.py writing-summary --report-only # tables and figure from the runs saved so far
+    python benchmarks/real_findings.py writing-summary --smoke       # 1 seed, 1 rate, 2 iterations, 8 tokens
+
+Resumable: each run writes OUT_DIR/<task>/<method>-seed<S>-lr<LR>-b<BUDGET>.json when it finishes (and the starting
+model's scores start.json); a later call skips what exists, so an interrupted sweep continues where it stopped.
+The table is built from whatever runs exist and says how many seeds and env steps each cell has against the target.
+Writes OUT_DIR/real_findings_<task>.json (the table) and PREFIX_<task>_curves.png; prints the table (Markdown).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import glob
+import json
+import os
+import subprocess
+import sys
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from paper_findings import _figure, final, plot_seed_band  # one implementation of each measure
+from warm_findings import format_table, table
+
+MODEL = "smollm2-135m-instruct"
+EVAL_SEED = 1234
+LORA = dict(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=["q_proj", "v_proj"])
+# The paper's Table 1 (second-hand, ../shared/paper.md): TLDR score, % of the max reward.
+PAPER_TLDR = {"warm": 30.3, "mc": 93.5, "dc": 95.4, "cc": 95.2}
+TASKS = {
+    "writing-summary": dict(
+        methods=("cc", "dc", "mc"),
+        seeds=(0, 1, 2),
+        budget=128,  # env steps = episodes (1 turn); MC: 32 prompts x G = 4
+        batch=8,  # episodes (PPO) or samples (MC) per iteration
+        response_length=96,  # ~70 words: room for the detailed part's 60-120 window, the concise part must stop
+        eval_limit=None,  # all 9 held-out posts
+        eval_repeats=2,
+        lrs=(3e-4, 1e-3),
+        max_reward=3.0,
+        describe="2 writers, 1 turn, level-gated reward (length, ratio, style)",
+    ),
+    "code-humaneval": dict(
+        methods=("cc", "mc"),
+        seeds=(0, 1),
+        budget=64,  # env steps (an episode is 1 or 2); MC: 8 prompts x G = 4 x 2 turns
+        batch=4,
+        response_length=128,
+        eval_limit=16,  # of the 32 held-out problems
+        eval_repeats=1,
+        lrs=(3e-4, 1e-3),
+        max_reward=4.0,
+        describe="aux + main, 2 turns with test feedback, level-gated reward (sandboxed tests)",
+    ),
+}
+SMOKE = dict(budget=8, batch=4, response_length=8, eval_limit=2, eval_repeats=1, seeds=(0,))
+
+
+def settings(task: str, smoke: bool = False, budget: int | None = None, batch: int | None = None) -> dict:
+    s = dict(TASKS[task])
+    if smoke:
+        s.update(SMOKE, lrs=s["lrs"][:1])
+    if budget is not None:
+        s["budget"] = int(budget)
+    if batch is not None:
+        s["batch"] = int(batch)
+    return s
+
+
+# ------------------------------------------------------------------------------------------- scoring
+
+
+def prompt_form(tokenizer, roll) -> str:
+    """ "chat" when the first agent's first prompt went through the model's chat template, else "plain"."""
+    gen = roll.turns[0][roll.agent_names[0]].gen
+    ids = gen.query_ids[0][gen.query_mask[0].bool()].tolist()
+    return "chat" if "<|im_start|>" in tokenizer.decode(ids) else "plain"
+
+
+def writing_levels(roll) -> list[dict]:
+    """Per episode: the three level scores of writing-summary (recomputed from the texts, as the env scores them)."""
+    from trl_collm.tasks.writing import SUMMARY_RULES, score_pair
+
+    concise, detailed = (roll.turns[0][a].gen.texts for a in SUMMARY_RULES.parts)
+    out = []
+    for row, c, d in zip(roll.rows, concise, detailed):
+        s = score_pair(c, d, row["document"], SUMMARY_RULES)
+        out.append(dict(total=s.total, level1=s.level1, level2=s.level2, level3=s.level3, words=s.details["words"]))
+    return out
+
+
+def code_levels(roll) -> list[dict]:
+    """Per episode: the final attempt's level points of code-humaneval (from the env's infos of its last turn)."""
+    last = [None] * roll.num_episodes
+    for t, infos in enumerate(roll.infos):
+        ids = roll.turns[t][roll.agent_names[0]].episode_ids.tolist()
+        for e, info in zip(ids, infos):
+            last[e] = dict(info, turns=t + 1)
+    out = []
+    for info in last:
+        lv = info["levels"]
+        out.append(
+            dict(
+                total=info["score"],
+                definitions=lv.get("definitions", 0.0),
+                syntax=lv.get("syntax", 0.0),
+                tests=lv.get("tests", 0.0),
+                bonus=lv.get("bonus", 0.0),
+                all_tests=info["tests_total"] > 0 and info["tests_passed"] == info["tests_total"],
+                turns=info["turns"],
+            )
+        )
+    return out
+
+
+def summarize(task: str, per_episode: list[dict], max_reward: float) -> dict:
+    """Mean return, % of the max (the paper's score), and each level's pass rate over the played episodes."""
+    n = len(per_episode)
+
+    def rate(pred):
+        return sum(1 for e in per_episode if pred(e)) / n
+
+    out = dict(episodes=n, return_mean=sum(e["total"] for e in per_episode) / n)
+    out["score_pct"] = 100.0 * out["return_mean"] / max_reward
+    if task == "writing-summary":
+        out.update(
+            length_pass=rate(lambda e: e["level1"] >= 1.0),  # both parts inside their word windows
+            ratio_pass=rate(lambda e: e["level2"] >= 1.0),  # ... and detailed/concise in [2, 4]
+            style_mean=sum(e["level3"] for e in per_episode) / n,  # level 3 is graded (0..1), not pass/fail
+            style_pass=rate(lambda e: e["level3"] >= 0.8),
+            words_mean=[sum(e["words"][i] for e in per_episode) / n for i in range(2)],
+        )
+    else:
+        out.update(
+            definitions_pass=rate(lambda e: e["definitions"] >= 1.0),  # both aux and the entry point defined
+            syntax_pass=rate(lambda e: e["syntax"] > 0),
+            tests_mean=sum(e["tests"] for e in per_episode) / n / 2.0,  # mean fraction of tests passed
+            all_tests_pass=rate(lambda e: e["all_tests"]),
+            bonus_pass=rate(lambda e: e["bonus"] > 0),
+        )
+    return out
+
+
+def evaluate(task: str, s: dict, team=None) -> dict:
+    """The team (or, with team=None, the starting model) on the held-out rows, sampled at temperature 1."""
+    from transformers import AutoTokenizer
+
+    from trl_collm.models import smollm2_135m_instruct
+    from trl_collm.tasks import get_task
+    from trl_collm.warmstart import rollout_team
+
+    rows = list(get_task(task).load_dataset("eval"))
+    rows = rows[: s["eval_limit"]] if s["eval_limit"] else rows
+    rows = [r for r in rows for _ in range(s["eval_repeats"])]
+    path = None if team is not None else smollm2_135m_instruct()
+    t0, c0 = time.time(), time.process_time()
+    _, roll = rollout_team(path, rows, task=task, max_new_tokens=s["response_length"], seed=EVAL_SEED, team=team)
+    per_episode = writing_levels(roll) if task == "writing-summary" else code_levels(roll)
+    out = summarize(task, per_episode, s["max_reward"])
+    out["seconds"], out["cpu_seconds"] = time.time() - t0, time.process_time() - c0
+    out["prompt_form"] = prompt_form(AutoTokenizer.from_pretrained(smollm2_135m_instruct()), roll)
+    out["examples"] = [
+        {a: roll.turns[0][a].gen.texts[i] for a in roll.agent_names} for i in range(min(2, roll.num_episodes))
+    ]
+    return out
+
+
+# ------------------------------------------------------------------------------------------- one run
+
+
+def curves(history, args) -> tuple[list, list]:
+    """(env steps, mean training return) per iteration, and each iteration's per-level training rewards."""
+    steps, curve, levels = 0, [], []
+    for m in history:
+        # MC counts its nodes; PPO plays batch episodes of objective/turns turns each
+        steps += m["mc/nodes"] if "mc/nodes" in m else args.per_device_train_batch_size * m["objective/turns"]
+        curve.append((steps, m["objective/scores"]))
+        levels.append({k: v for k, v in m.items() if k.startswith("rewards/")})
+    return curve, levels
+
+
+def _progress_callback(trainer, args, path, meta):
+    """A callback writing the run's curve so far after every iteration (to `path`, marked partial): a run stopped
+    before its end (a deadline, a crash) still leaves a usable partial curve; the finished run's file replaces it."""
+    from transformers import TrainerCallback
+
+    class Progress(TrainerCallback):
+        def on_step_end(self, *_, **__):
+            curve, levels = curves(trainer.metrics_history, args)
+            row = dict(meta, partial=True, env_steps=curve[-1][0], curve=curve, level_curves=levels)
+            with open(path + ".tmp", "w") as f:
+                json.dump(row, f)
+            os.replace(path + ".tmp", path)
+
+    return Progress()
+
+
+def run_one(task: str, method: str, seed: int, lr: float, s: dict, progress_path: str | None = None) -> dict:
+    """One training run in this process: the curve (env steps -> mean training return), per-level training
+    curves, and the trained team's held-out scores."""
+    import torch
+    from peft import LoraConfig
+
+    torch.set_num_threads(1)
+    from trl_collm import MultiAgentMCConfig, MultiAgentMCTrainer, MultiAgentPPOConfig, MultiAgentPPOTrainer
+    from trl_collm.tasks import get_task
+
+    spec = get_task(task)
+    turns = spec.num_turns
+    common = dict(
+        output_dir=f"/tmp/trl_collm_real_findings/{task}-{method}-{seed}-{lr:g}",
+        agent_names=spec.agent_names,
+        num_turns=turns,
+        learning_rate=lr,
+        response_length=s["response_length"],
+        temperature=1.0,
+        logging_steps=10**6,
+        save_strategy="no",
+        report_to=[],
+        num_sample_generations=0,
+        use_cpu=True,
+        bf16=False,
+        seed=seed,
+        disable_tqdm=True,
+    )
+    if method == "mc":
+        group = 4  # G samples per prompt; per_branch: a T-turn prompt costs G x T env steps
+        args = MultiAgentMCConfig(
+            **common,
+            num_generations=group,
+            expansion="per_branch",
+            per_device_train_batch_size=max(1, s["batch"] // group),
+            total_episodes=max(1, s["budget"] // (turns * group)),
+        )
+        trainer_cls = MultiAgentMCTrainer
+    else:
+        args = MultiAgentPPOConfig(
+            **common,
+            critic_type="centralized" if method == "cc" else "decentralized",
+            kl_coef=0.0,
+            num_ppo_epochs=1,
+            per_device_train_batch_size=s["batch"],
+            total_episodes=max(1, s["budget"] // turns),
+        )
+        trainer_cls = MultiAgentPPOTrainer
+    trainer = trainer_cls(
+        args=args,
+        model=MODEL,
+        train_dataset=spec.load_dataset("train"),
+        env=spec.make_env(),
+        peft_config=LoraConfig(**LORA),
+    )
+    meta = dict(task=task, method=method, seed=seed, lr=lr, budget=s["budget"], batch=s["batch"])
+    meta["response_length"] = s["response_length"]
+    if progress_path:
+        trainer.add_callback(_progress_callback(trainer, args, progress_path, meta))
+    t0, c0 = time.time(), time.process_time()
+    trainer.train()
+    seconds, cpu_seconds = time.time() - t0, time.process_time() - c0
+    curve, levels = curves(trainer.metrics_history, args)
+    team = trainer.team.eval()
+    scores = evaluate(task, s, team=team)
+    return dict(
+        meta,
+        env_steps=curve[-1][0],
+        curve=curve,
+        level_curves=levels,
+        eval=scores,
+        seconds=seconds,
+        # CPU time is what a run costs whatever the machine's load (wall time on a shared machine is not)
+        cpu_seconds=cpu_seconds,
+        iteration_cpu_seconds=cpu_seconds / max(1, len(curve)),
+    )
+
+
+# ------------------------------------------------------------------------------------------- report
+
+# (column name, eval key or function, decimals)
+COLUMNS = {
+    "writing-summary": [
+        ("return (max 3)", "return_mean", 3),
+        ("% of max", "score_pct", 1),
+        ("L1 length pass", "length_pass", 2),
+        ("L2 ratio pass", "ratio_pass", 2),
+        ("L3 style (mean of 1)", "style_mean", 2),
+    ],
+    "code-humaneval": [
+        ("return (max 4)", "return_mean", 3),
+        ("% of max", "score_pct", 1),
+        ("L1 both defined", "definitions_pass", 2),
+        ("L2 parses", "syntax_pass", 2),
+        ("L3 tests passed (mean)", "tests_mean", 2),
+        ("all tests", "all_tests_pass", 2),
+        ("bonus (uses aux)", "bonus_pass", 2),
+    ],
+}
+
+
+def run_path(out_dir, task, method, seed, lr, s) -> str:
+    """A run's file: the settings that change its numbers are in its name, so runs of other sizes never mix."""
+    name = f"{method}-seed{seed}-lr{lr:g}-b{s['budget']}-bs{s['batch']}-t{s['response_length']}.json"
+    return os.path.join(out_dir, task, name)
+
+
+def partial_path(path) -> str:
+    return path[: -len(".json")] + ".partial"
+
+
+def start_path(out_dir, task, s) -> str:
+    return os.path.join(out_dir, task, f"start-t{s['response_length']}.json")
+
+
+def load_runs(out_dir, task, unfinished: bool = False) -> list[dict]:
+    """The finished runs (with held-out scores), or with unfinished=True the curves of runs stopped early."""
+    runs = []
+    for path in sorted(glob.glob(os.path.join(out_dir, task, "*-seed*" + (".partial" if unfinished else ".json")))):
+        with open(path) as f:
+            runs.append(json.load(f))
+    return runs
+
+
+def choose_rates(runs, methods, sweep_seed) -> dict:
+    """Per method, the rate with the best final training return on the sweep seed (among the rates run so far)."""
+    chosen = {}
+    for m in methods:
+        score = {r["lr"]: final(r["curve"]) for r in runs if r["method"] == m and r["seed"] == sweep_seed}
+        if score:
+            chosen[m] = max(score, key=score.get)
+    return chosen
+
+
+def report(task, out_dir, png_prefix, s, sweep_seed) -> str:
+    """The table (Markdown) from the runs saved so far, labelled with how complete each cell is; writes the JSON
+    and the learning-curve figure."""
+    path = start_path(out_dir, task, s)
+    start = json.load(open(path)) if os.path.exists(path) else None
+    size = ("budget", "batch", "response_length")
+    runs = [r for r in load_runs(out_dir, task) if all(r[k] == s[k] for k in size)]
+    stopped = [r for r in load_runs(out_dir, task, unfinished=True) if all(r[k] == s[k] for k in size)]
+    chosen = choose_rates(runs, s["methods"], sweep_seed)
+    mine = [r for r in runs if r["lr"] == chosen.get(r["method"])]
+    lines = [f"## {task}: {s['describe']}", ""]
+    if start:
+        lines.append(f"starting model: {start['prompt_form']} prompts, {start['episodes']} held-out plays")
+    forms = sorted({r["eval"]["prompt_form"] for r in runs})
+    lines.append(f"trained runs' prompts: {', '.join(forms) or '-'}")
+    # Completeness against the issue's target (TASKS), not against this call's --budget / --seeds: a cut budget
+    # is reported as a cut.
+    target = TASKS[task]
+    cells = []
+    for m in s["methods"]:
+        got = [r for r in mine if r["method"] == m]
+        cut = [f"seed {r['seed']} lr {r['lr']:g} at {r['env_steps']}" for r in stopped if r["method"] == m]
+        cut = f"; unfinished (training curve so far, no held-out scores): {', '.join(cut)}" if cut else ""
+        if not got:
+            cells.append(f"{m.upper()}: no finished run - MISSING{cut}")
+            continue
+        steps = sorted({r["env_steps"] for r in got})
+        rates = sorted({r["lr"] for r in runs if r["method"] == m})
+        partial = len(got) < len(target["seeds"]) or min(steps) < target["budget"] or len(rates) < len(target["lrs"])
+        cells.append(
+            f"{m.upper()}: lr {chosen[m]:g} chosen of {rates} (target {list(target['lrs'])}), "
+            f"{len(got)}/{len(target['seeds'])} seeds, {steps} env steps (target {target['budget']})"
+            + (" - PARTIAL" if partial else "")
+            + cut
+        )
+    lines += ["", *(f"- {c}" for c in cells), ""]
+    blob = dict(task=task, settings=s, start=start, chosen=chosen, runs=runs, stopped_early=stopped)
+    if (mine or stopped) and start:
+        try:
+            plot_curves(mine, stopped, task, f"{png_prefix}_{task}_curves.png", start["return_mean"], s)
+        except ImportError:
+            pass
+    if mine and start:
+        t = table(mine, task, start, COLUMNS[task])
+        blob["table"] = t
+        extra = ("paper TLDR %", lambda m: f"{PAPER_TLDR.get(m, '-')}") if task == "writing-summary" else None
+        lines.append(format_table(t, COLUMNS[task], start_name="starting model", extra=extra))
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, f"real_findings_{task}.json"), "w") as f:
+        json.dump(blob, f, indent=1)
+    return "\n".join(lines)
+
+
+def plot_curves(runs, stopped, task, path, start_return, s):
+    """Each method's finished runs (mean and band over seeds); a method with none: its unfinished runs, so
+    labelled unfinished."""
+    with _figure(
+        path,
+        (6.5, 3.8),
+        f"{task}, LoRA teams of SmolLM2-135M-Instruct\n{s['describe']}",
+        "environment steps",
+        "training return (moving mean of 5)",
+    ) as ax:
+        for m in s["methods"]:
+            got = [r for r in runs if r["method"] == m]
+            early = not got
+            got = got or [r for r in stopped if r["method"] == m]
+            if got:
+                plot_seed_band(ax, got, m)
+                if early:
+                    line = ax.get_lines()[-1]
+                    line.set_linestyle("--")
+                    line.set_label(line.get_label() + ", unfinished")
+        ax.axhline(start_return, color="grey", ls="--", lw=1, label="starting model (held-out eval)")
+
+
+# ------------------------------------------------------------------------------------------- driver
+
+
+def child(task, what, seed, lr, s, out_dir):
+    """Runs in its own process (one CPU thread): the starting model's evaluation or one training run."""
+    import torch
+
+    torch.set_num_threads(1)
+    if what == "start":
+        row = dict(evaluate(task, s), model=MODEL)
+        path = start_path(out_dir, task, s)
+    else:
+        path = run_path(out_dir, task, what, seed, lr, s)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        row = run_one(task, what, seed, lr, s, progress_path=partial_path(path))
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path + ".tmp", "w") as f:
+        json.dump(row, f)
+    os.replace(path + ".tmp", path)  # a run file exists only once complete
+    if os.path.exists(partial_path(path)):
+        os.remove(partial_path(path))
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("task", choices=list(TASKS))
+    p.add_argument("--methods", nargs="+", default=None, choices=("cc", "dc", "mc"))
+    p.add_argument("--seeds", nargs="+", type=int, default=None)
+    p.add_argument("--lrs", nargs="+", type=float, default=None, help="learning rates swept (every method alike)")
+    p.add_argument("--sweep-seed", type=int, default=0, help="the seed every rate runs on; the others use the best")
+    p.add_argument("--budget", type=int, default=None, help="env steps per run (default per task)")
+    p.add_argument("--batch", type=int, default=None, help="episodes (PPO) or samples (MC) per iteration")
+    p.add_argument("--jobs", type=int, default=1, help="runs at once (separate processes, one CPU thread each)")
+    p.add_argument("--out-dir", default=None, help="default docs/data/real_findings (/tmp/real_findings_smoke)")
+    p.add_argument("--png-prefix", default=None, help="default docs/real_findings")
+    p.add_argument("--smoke", action="store_true", help="1 seed, 1 rate, 8 env steps, 8 tokens, 2 eval rows")
+    p.add_argument("--report-only", action="store_true", help="no new runs: the table from the runs saved so far")
+    p.add_argument("--child", nargs=3, metavar=("WHAT", "SEED", "LR"), help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.jobs < 1:
+        p.error("--jobs must be at least 1")
+    s = settings(a.task, a.smoke, a.budget, a.batch)
+    for key in ("methods", "seeds", "lrs"):
+        if getattr(a, key):
+            s[key] = tuple(getattr(a, key))
+    if a.sweep_seed not in s["seeds"]:
+        p.error(f"--sweep-seed {a.sweep_seed} is not one of --seeds {list(s['seeds'])}")
+    out_dir = a.out_dir or ("/tmp/real_findings_smoke" if a.smoke else "docs/data/real_findings")
+    png_prefix = a.png_prefix or ("/tmp/real_findings_smoke" if a.smoke else "docs/real_findings")
+    if a.child:
+        what, seed, lr = a.child
+        child(a.task, what, int(seed), float(lr), s, out_dir)
+        return
+
+    def launch(job):
+        what, seed, lr = job
+        path = start_path(out_dir, a.task, s) if what == "start" else run_path(out_dir, a.task, what, seed, lr, s)
+        if os.path.exists(path) or a.report_only:
+            return
+        cmd = [sys.executable, os.path.abspath(__file__), a.task, "--child", what, str(seed), repr(lr)]
+        cmd += ["--out-dir", out_dir, "--budget", str(s["budget"]), "--batch", str(s["batch"])]
+        cmd += ["--smoke"] if a.smoke else []
+        t0 = time.time()
+        out = subprocess.run(
+            cmd, check=False, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1")
+        )
+        if out.returncode != 0:
+            print(f"  {what} seed {seed} lr {lr:g} FAILED:\n{out.stderr[-3000:]}", flush=True)
+            return
+        print(f"  {a.task} {what} seed {seed} lr {lr:g}: done ({time.time() - t0:.0f}s)", flush=True)
+
+    # 1) the starting model and the sweep seed at every rate (methods interleaved so load drifts hit them alike)
+    first = [("start", 0, 0.0)] + [(m, a.sweep_seed, lr) for lr in s["lrs"] for m in s["methods"]]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=a.jobs) as pool:
+        list(pool.map(launch, first))
+    # 2) the other seeds at each method's chosen rate
+    chosen = choose_rates(load_runs(out_dir, a.task), s["methods"], a.sweep_seed)
+    rest = [(m, seed, chosen[m]) for seed in s["seeds"] if seed != a.sweep_seed for m in chosen]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=a.jobs) as pool:
+        list(pool.map(launch, rest))
+    print(report(a.task, out_dir, png_prefix, s, a.sweep_seed), flush=True)
+
+
+if __name__ == "__main__":
+    main()
