@@ -153,12 +153,12 @@ class TeamUpdates:
                 # then dropped by `_step`.
                 finite_here = bool(torch.isfinite(loss.detach()).all())
                 finite = finite and finite_here
-                scale = weight * rows / len(mpairs)
                 if not finite_here and self.is_deepspeed_enabled:
                     # ZeRO skips a step only for non-finite gradients, and an infinite loss can have finite ones:
                     # NaN gradients here make every rank's ZeRO skip this step (the reduced gradients carry them).
-                    scale = float("nan")
-                self.accelerator.backward(loss * scale)
+                    loss = loss * float("nan")
+                # Scaled in this order (tensor * weight * rows / n), as before: another grouping rounds differently.
+                self.accelerator.backward(loss * weight * rows / len(mpairs))
                 distributed.release_gathered(self)  # ZeRO-3: the models this loss gathered, now that it is done
             if k < len(parts) - 1:  # transformers' event for an accumulation step that is not an optimizer step
                 self.control = self.callback_handler.on_substep_end(self.args, self.state, self.control)
