@@ -35,7 +35,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from paper_findings import _figure, final, plot_seed_band  # one implementation of each measure
-from warm_findings import format_table, table
+from warm_findings import format_table, method_config, table
 
 MODEL = "smollm2-135m-instruct"
 EVAL_SEED = 1234
@@ -217,47 +217,12 @@ def run_one(task: str, method: str, seed: int, lr: float, s: dict, progress_path
     from peft import LoraConfig
 
     torch.set_num_threads(1)
-    from trl_collm import MultiAgentMCConfig, MultiAgentMCTrainer, MultiAgentPPOConfig, MultiAgentPPOTrainer
     from trl_collm.tasks import get_task
 
     spec = get_task(task)
-    turns = spec.num_turns
-    common = dict(
-        output_dir=f"/tmp/trl_collm_real_findings/{task}-{method}-{seed}-{lr:g}",
-        agent_names=spec.agent_names,
-        num_turns=turns,
-        learning_rate=lr,
-        response_length=s["response_length"],
-        temperature=1.0,
-        logging_steps=10**6,
-        save_strategy="no",
-        report_to=[],
-        num_sample_generations=0,
-        use_cpu=True,
-        bf16=False,
-        seed=seed,
-        disable_tqdm=True,
+    args, trainer_cls = method_config(
+        method, spec, s, lr, seed, f"/tmp/trl_collm_real_findings/{task}-{method}-{seed}-{lr:g}"
     )
-    if method == "mc":
-        group = 4  # G samples per prompt; per_branch: a T-turn prompt costs G x T env steps
-        args = MultiAgentMCConfig(
-            **common,
-            num_generations=group,
-            expansion="per_branch",
-            per_device_train_batch_size=max(1, s["batch"] // group),
-            total_episodes=max(1, s["budget"] // (turns * group)),
-        )
-        trainer_cls = MultiAgentMCTrainer
-    else:
-        args = MultiAgentPPOConfig(
-            **common,
-            critic_type="centralized" if method == "cc" else "decentralized",
-            kl_coef=0.0,
-            num_ppo_epochs=1,
-            per_device_train_batch_size=s["batch"],
-            total_episodes=max(1, s["budget"] // turns),
-        )
-        trainer_cls = MultiAgentPPOTrainer
     trainer = trainer_cls(
         args=args,
         model=MODEL,

@@ -103,27 +103,15 @@ def evaluate(task_name, model, s, **kwargs) -> dict:
     )
 
 
-def run_one(
-    task_name: str,
-    warm: str,
-    method: str,
-    seed: int,
-    lr: float,
-    smoke: bool,
-    render_dir: str | None,
-    budget: int | None = None,
-) -> dict:
-    """One training run in this process: the curve (env steps -> mean training return) and the final team's scores."""
-    import torch
-
-    torch.set_num_threads(1)
+def method_config(method: str, task, s: dict, lr: float, seed: int, output_dir: str):
+    """(config, trainer class) of one method on an equal env-step budget (`s`: budget, batch, response_length): PPO
+    (CC / DC: 1 epoch, no KL) or MC (G = 4, per_branch, so a T-turn prompt costs G x T env steps). Shared with
+    real_findings.py, so both tables train the methods the same way."""
     from trl_collm import MultiAgentMCConfig, MultiAgentMCTrainer, MultiAgentPPOConfig, MultiAgentPPOTrainer
 
-    s = settings(task_name, smoke, budget)
-    task = _task(task_name)
     turns = task.num_turns
     common = dict(
-        output_dir=f"/tmp/trl_collm_warm_findings/{task_name}-{method}-{seed}-{lr:g}",
+        output_dir=output_dir,
         agent_names=task.agent_names,
         num_turns=turns,
         learning_rate=lr,
@@ -139,25 +127,43 @@ def run_one(
         disable_tqdm=True,
     )
     if method == "mc":
-        group = 4  # G samples per node; per_branch: a T-turn prompt costs G x T env steps
-        args = MultiAgentMCConfig(
+        group = 4
+        return MultiAgentMCConfig(
             **common,
             num_generations=group,
             expansion="per_branch",
             per_device_train_batch_size=max(1, s["batch"] // group),
             total_episodes=max(1, s["budget"] // (turns * group)),
-        )
-        trainer_cls = MultiAgentMCTrainer
-    else:
-        args = MultiAgentPPOConfig(
-            **common,
-            critic_type="centralized" if method == "cc" else "decentralized",
-            kl_coef=0.0,
-            num_ppo_epochs=1,
-            per_device_train_batch_size=s["batch"],
-            total_episodes=max(1, s["budget"] // turns),
-        )
-        trainer_cls = MultiAgentPPOTrainer
+        ), MultiAgentMCTrainer
+    return MultiAgentPPOConfig(
+        **common,
+        critic_type="centralized" if method == "cc" else "decentralized",
+        kl_coef=0.0,
+        num_ppo_epochs=1,
+        per_device_train_batch_size=s["batch"],
+        total_episodes=max(1, s["budget"] // turns),
+    ), MultiAgentPPOTrainer
+
+
+def run_one(
+    task_name: str,
+    warm: str,
+    method: str,
+    seed: int,
+    lr: float,
+    smoke: bool,
+    render_dir: str | None,
+    budget: int | None = None,
+) -> dict:
+    """One training run in this process: the curve (env steps -> mean training return) and the final team's scores."""
+    import torch
+
+    torch.set_num_threads(1)
+    s = settings(task_name, smoke, budget)
+    task = _task(task_name)
+    args, trainer_cls = method_config(
+        method, task, s, lr, seed, f"/tmp/trl_collm_warm_findings/{task_name}-{method}-{seed}-{lr:g}"
+    )
     trainer = trainer_cls(args=args, model=warm, train_dataset=task.load_dataset("train"), env=task.make_env())
     t0 = time.time()
     trainer.train()

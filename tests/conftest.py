@@ -89,6 +89,14 @@ def smollm2_path():
         pytest.skip(str(e))
 
 
+@pytest.fixture
+def smollm2_name(smollm2_path, monkeypatch):
+    """The packaged model's name, resolving to `smollm2_path`: TRL_COLLM_CACHE points at the real model's cache for
+    the test (the session's `model_cache` points it at a fresh folder, where the name would convert it again)."""
+    monkeypatch.setenv("TRL_COLLM_CACHE", os.path.dirname(smollm2_path))
+    return "smollm2-135m-instruct"
+
+
 PROMPTS = [
     "count one and",
     "two plus three is",

@@ -330,3 +330,20 @@ def test_the_mc_trainer_keeps_the_same_contract(tmp_path, qwen_path, prompts_dat
         ("on_save", 2),
     ]
     assert sorted(p.name for p in (tmp_path / "mc").glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2"]
+
+
+def test_data_passes_resume_skip_and_epoch_count():
+    """The loop's data position (trainers/batches.py): a run resumed at iteration 4 of 3-batch passes is one batch
+    into its second pass; should_epoch_stop skips the rest of the pass; the next pass starts at the first batch."""
+    from trl_collm.trainers.batches import DataPasses
+
+    passes = DataPasses(["b0", "b1", "b2"])
+    passes.skip(4)  # the checkpoint's data position: b0 b1 b2 b0 consumed
+    passes.resume_at(4)
+    assert (passes.position, passes.epoch) == (1, 1)
+    assert passes.next_batch() == "b1"
+    assert passes.advance() == 1 + 2 / 3 and not passes.pass_over()
+    passes.skip_rest_of_pass()  # b2 is not trained on
+    assert passes.next_pass() == 2.0 and not passes.started
+    assert passes.next_batch() == "b0"
+    assert passes.advance() == 2 + 1 / 3

@@ -37,14 +37,14 @@ def test_the_converted_weights_give_the_gguf_models_logits(smollm2_path):
         torch.testing.assert_close(converted(ids).logits, original(ids).logits, rtol=0, atol=0)
 
 
-def test_the_name_resolves_where_a_model_path_is_taken(smollm2_path):
+def test_the_name_resolves_where_a_model_path_is_taken(smollm2_path, smollm2_name):
     from trl_collm.assembly import load_causal_lm, load_tokenizer
     from trl_collm.cli import _resolve_model
 
     assert models.resolve_model_name("SmolLM2-135M-Instruct") == smollm2_path
-    assert _resolve_model("smollm2-135m-instruct") == smollm2_path
-    assert load_tokenizer("smollm2-135m-instruct", "a").name_or_path == smollm2_path
-    assert load_causal_lm("smollm2-135m-instruct").config.vocab_size == 49152
+    assert _resolve_model(smollm2_name) == smollm2_path
+    assert load_tokenizer(smollm2_name, "a").name_or_path == smollm2_path
+    assert load_causal_lm(smollm2_name).config.vocab_size == 49152
     assert models.resolve_model_name("some/hub-id") == "some/hub-id"  # anything else passes through
 
 

@@ -9,11 +9,15 @@ import json
 import math
 import os
 import re
+import typing
+from typing import Annotated
 
 import pytest
 import torch
+from transformers import HfArgumentParser
 
 from trl_collm import MultiAgentMCConfig, MultiAgentPPOConfig, MultiAgentPPOTrainer
+from trl_collm.ranges import INHERITED_RANGES, UNIT, Range
 from trl_collm.trainers import checkpoints
 
 
@@ -408,3 +412,47 @@ def test_pad_without_an_embedding_row_never_reaches_a_model(tmp_path, make_confi
     ids, mask = tr.team.encode("agent_0", ["a", "a much longer prompt than that"], "cpu")
     assert int(ids.max()) < rows and int(ids[0, 0]) == tok.eos_token_id and int(mask[0, 0]) == 0
     tr.train()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# a field's range lives beside the field (its annotation), read by the one checker
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class _WithMix(MultiAgentPPOConfig):
+    """A user's config: one new field, its range in its annotation."""
+
+    mix: Annotated[float, UNIT] = dataclasses.field(default=0.5, metadata={"help": "a new weight in [0, 1]"})
+
+
+def test_a_range_declared_beside_a_new_field_is_enforced_and_the_cli_still_parses():
+    """The checker enforces a subclass field's annotated range, and HfArgumentParser (TrlParser, the CLI) still
+    builds a parser for the class (a `metadata` key would make argparse refuse it)."""
+    with pytest.raises(ValueError, match=re.escape("`mix` must be in [0, 1], got 1.5.")):
+        _WithMix(**BASE, mix=1.5)
+    (args,) = HfArgumentParser(_WithMix).parse_args_into_dataclasses(
+        ["--output_dir", "unused", "--use_cpu", "true", "--bf16", "false", "--report_to", "none", "--mix", "0.25"]
+    )
+    assert args.mix == 0.25
+
+
+@pytest.mark.parametrize("cls", [MultiAgentPPOConfig, MultiAgentMCConfig])
+def test_every_numeric_field_we_declare_states_its_range(cls):
+    """Every int / float field carries its range beside it, except TrainingArguments' (in `INHERITED_RANGES`)."""
+    hints = typing.get_type_hints(cls, include_extras=True)
+    numeric = [n for n in _numeric_fields(cls) if n not in INHERITED_RANGES]
+    assert {"gamma", "learning_rate", "lam" if cls is MultiAgentPPOConfig else "epsilon"} <= set(numeric)
+    missing = [n for n in numeric if not any(isinstance(m, Range) for m in getattr(hints[n], "__metadata__", ()))]
+    assert not missing, f"numeric fields without Annotated[..., <range>]: {missing}"
+
+
+def test_critic_config_checked_once_per_config(monkeypatch):
+    from trl_collm.critics import layouts
+    from trl_collm.trainers import ppo_config
+
+    calls = []
+    original = layouts.check_critic_config
+    monkeypatch.setattr(ppo_config, "check_critic_config", lambda args: calls.append(1) or original(args))
+    MultiAgentPPOConfig(**BASE)
+    assert len(calls) == 1

@@ -294,14 +294,14 @@ def test_mc_trains_with_vllm(tmp_path, smollm2_path):
     trainer.sampler.backend.close()
 
 
-def test_cli_trains_and_evals_with_vllm(tmp_path, smollm2_path, capsys):
+def test_cli_trains_and_evals_with_vllm(tmp_path, smollm2_name, capsys):
     """`trl-collm ppo --use_vllm` (CoLLM-CC, the default critic) on a LoRA team, then `trl-collm eval --use_vllm`:
     greedy vLLM decoding scores the team exactly as generate() does."""
     from trl_collm.cli import main
 
     out = tmp_path / "team"
     common = ["--task", "coord-penalty", "--seed", "0"]
-    argv = ["ppo", *common, "--model_name_or_path", "smollm2-135m-instruct", "--use_peft", "--lora_r", "4"]
+    argv = ["ppo", *common, "--model_name_or_path", smollm2_name, "--use_peft", "--lora_r", "4"]
     argv += ["--lora_target_modules", "q_proj", "v_proj", "--use_vllm", "--output_dir", str(out)]
     argv += ["--total_episodes", "4", "--per_device_train_batch_size", "2", "--response_length", "4"]
     argv += ["--train_limit", "4", "--eval_limit", "2", "--use_cpu", "--bf16", "false", "--report_to", "none"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 
+from .chat import agent_prompt
 from .modeling import base_model_of
 
 PAPER = "Liu, Chen, Amiri, Amato: CoLLM, multi-agent actor-critic for decentralized LLM collaboration (ICML 2026)"
@@ -51,6 +52,45 @@ def base_models(trainer) -> dict[str, str | None]:
     return out
 
 
+def task_facts(trainer) -> dict:
+    """The card's task section: the env, its reward functions and an episode's first prompts."""
+    facts = {"env": type(trainer.env).__name__, "rewards": list(getattr(trainer.env, "reward_func_names", []) or [])}
+    try:  # the prompts an episode starts with, from the first training row, on a copy of the env
+        observations = trainer.env.clone().reset(trainer.train_dataset[0])
+        team = trainer.team
+        facts["example_prompts"] = {
+            a: team.decode_observation(a, agent_prompt(team.tokenizers[a], o)) for a, o in zip(team.names, observations)
+        }
+    except Exception:  # noqa: BLE001 - a card must not fail on an env that cannot reset outside a batch
+        pass
+    return facts
+
+
+# The config fields the card lists (those the trainer's config has).
+CARD_FIELDS = (
+    "advantage_level",
+    "policy_loss_type",
+    "num_ppo_epochs",
+    "kl_coef",
+    "num_generations",
+    "joint_mode",
+    "expansion",
+    "baseline",
+    "loss_type",
+    "gamma",
+    "learning_rate",
+)
+
+
+def algorithm_facts(trainer) -> dict:
+    """The card's algorithm section: the critic layout first (when there is one), then the `CARD_FIELDS`."""
+    facts = {}
+    if trainer.critic is not None:
+        facts.update(trainer.critic.card_facts())
+    facts.update({k: getattr(trainer.args, k) for k in CARD_FIELDS if hasattr(trainer.args, k)})
+    return facts
+
+
 def card_facts(
     trainer, model_name: str | None = None, dataset_name: str | None = None, tags=None, task: str | None = None
 ) -> dict:
@@ -74,8 +114,8 @@ def card_facts(
         tags=list(dict.fromkeys(["trl", "trl-collm", "multi-agent", *tags])),
         task_name=portable_name(task),
         task_options=(getattr(trainer, "task_record", None) or {}).get("options") or {},
-        task=trainer._task_facts(),
-        algorithm=trainer._algorithm_facts(),
+        task=task_facts(trainer),
+        algorithm=algorithm_facts(trainer),
         algorithm_summary=summary,
         base_models=base_models(trainer),
         metrics=trainer.metrics_history[-1] if trainer.metrics_history else {},

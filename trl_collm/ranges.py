@@ -1,99 +1,80 @@
 """The allowed range of every numeric configuration field, checked where the config is made.
 
-Every int or float field of a team config (ours, TRL's and `TrainingArguments`') is checked for finiteness; the
-table below adds its range. A field missing from the table is still refused when non-finite, so a new field is
+A field we declare states its range beside it, in its annotation: `lam: Annotated[float, UNIT] = field(...)`.
+(Not in `field(metadata=...)`: transformers' `HfArgumentParser`, and so TRL's `TrlParser` and our CLI, hands every
+metadata key to argparse, which refuses an unknown one.) The fields inherited from `TrainingArguments` take theirs
+from `INHERITED_RANGES` below. Every int or float field is also checked for finiteness, so a field without a range is
 never silently unchecked; `tests/test_robustness.py` walks every field to keep it so.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import numbers
+import typing
+from typing import NamedTuple
 
-# (lowest, highest, lowest allowed itself, highest allowed itself); None = unbounded on that side.
-_AT_LEAST_0 = (0, None, True, True)
-_ABOVE_0 = (0, None, False, True)
-_AT_LEAST_1 = (1, None, True, True)
-_UNIT = (0, 1, True, True)
-_UNIT_OPEN_TOP = (0, 1, True, False)
-_UNIT_OPEN_BOTTOM = (0, 1, False, True)
-_ANY = (None, None, True, True)
 
-RANGES: dict[str, tuple] = {
-    # transformers.TrainingArguments
-    "per_device_train_batch_size": _AT_LEAST_1,
-    "per_device_eval_batch_size": _AT_LEAST_1,
-    "gradient_accumulation_steps": _AT_LEAST_1,
-    "num_train_epochs": _ABOVE_0,
-    "max_steps": (-1, None, True, True),  # -1: derive from the episodes
-    "learning_rate": _AT_LEAST_0,
-    "warmup_steps": _AT_LEAST_0,
-    "weight_decay": _AT_LEAST_0,
-    "adam_beta1": _UNIT_OPEN_TOP,
-    "adam_beta2": _UNIT_OPEN_TOP,
-    "adam_epsilon": _AT_LEAST_0,
-    "max_grad_norm": _AT_LEAST_0,  # 0 (or None): no clipping
-    "label_smoothing_factor": _UNIT,
-    "neftune_noise_alpha": _AT_LEAST_0,
-    "torch_empty_cache_steps": _AT_LEAST_1,
-    "logging_steps": _ABOVE_0,
-    "eval_steps": _ABOVE_0,
-    "eval_delay": _AT_LEAST_0,
-    "eval_accumulation_steps": _AT_LEAST_1,
-    "save_steps": _ABOVE_0,
-    "save_total_limit": _AT_LEAST_0,
-    "seed": (0, 2**32 - 1, True, True),  # numpy's seed range
-    "data_seed": (0, 2**32 - 1, True, True),
-    "dataloader_num_workers": _AT_LEAST_0,
-    "dataloader_prefetch_factor": _AT_LEAST_1,
-    "ddp_bucket_cap_mb": _AT_LEAST_1,
-    "ddp_timeout": _AT_LEAST_1,
-    "local_rank": (-1, None, True, True),
-    # shared by the team trainers (TRL PPOConfig names)
-    "dataset_num_proc": _AT_LEAST_1,
-    "num_mini_batches": _AT_LEAST_1,
-    "total_episodes": _AT_LEAST_1,
-    "local_rollout_forward_batch_size": _AT_LEAST_1,
-    "num_sample_generations": _AT_LEAST_0,
-    "response_length": _AT_LEAST_1,
-    "stop_token_id": _AT_LEAST_0,
-    "temperature": _ABOVE_0,
-    "missing_eos_penalty": _ANY,
-    "num_total_batches": _AT_LEAST_1,
-    "micro_batch_size": _AT_LEAST_1,
-    "local_batch_size": _AT_LEAST_1,
-    "batch_size": _AT_LEAST_1,
-    "local_mini_batch_size": _AT_LEAST_1,
-    "mini_batch_size": _AT_LEAST_1,
-    "gamma": _UNIT,
-    "max_prompt_length": _AT_LEAST_1,
-    "num_agents": _AT_LEAST_1,
-    "num_turns": _AT_LEAST_1,
-    "top_p": _UNIT_OPEN_BOTTOM,
-    "top_k": _AT_LEAST_1,  # None (or 0, made None by TeamConfig) switches top-k off
-    "early_termination_threshold": _ANY,
-    "vllm_gpu_memory_utilization": _UNIT_OPEN_BOTTOM,
-    "vllm_max_model_length": _AT_LEAST_1,
-    "vllm_importance_sampling_clip_max": _ABOVE_0,
-    "vllm_importance_sampling_clip_min": _AT_LEAST_0,
-    "max_nonfinite_steps": _AT_LEAST_1,
-    # PPO
-    "num_ppo_epochs": _AT_LEAST_1,
-    "kl_coef": _AT_LEAST_0,
-    "cliprange": _ABOVE_0,
-    "vf_coef": _AT_LEAST_0,
-    "cliprange_value": _ABOVE_0,
-    "lam": _UNIT,
-    "critic_learning_rate": _AT_LEAST_0,
-    "advantage_norm_std_floor": _ABOVE_0,
-    # Monte-Carlo
-    "num_generations": _AT_LEAST_1,
-    "max_joint_combinations": _AT_LEAST_1,
-    "num_iterations": _AT_LEAST_1,
-    "epsilon": _ABOVE_0,
-    "beta": _AT_LEAST_0,
+class Range(NamedTuple):
+    """[low, high] with each end open or closed; None = unbounded on that side."""
+
+    low: float | None
+    high: float | None
+    low_allowed: bool = True
+    high_allowed: bool = True
+
+
+AT_LEAST_0 = Range(0, None)
+ABOVE_0 = Range(0, None, False)
+AT_LEAST_1 = Range(1, None)
+UNIT = Range(0, 1)
+UNIT_OPEN_TOP = Range(0, 1, True, False)
+UNIT_OPEN_BOTTOM = Range(0, 1, False, True)
+ANY = Range(None, None)
+SEED = Range(0, 2**32 - 1)  # numpy's seed range
+
+# transformers.TrainingArguments fields (declared there, so their range cannot sit beside them)
+INHERITED_RANGES: dict[str, Range] = {
+    "per_device_train_batch_size": AT_LEAST_1,
+    "per_device_eval_batch_size": AT_LEAST_1,
+    "gradient_accumulation_steps": AT_LEAST_1,
+    "num_train_epochs": ABOVE_0,
+    "max_steps": Range(-1, None),  # -1: derive from the episodes
+    "warmup_steps": AT_LEAST_0,
+    "weight_decay": AT_LEAST_0,
+    "adam_beta1": UNIT_OPEN_TOP,
+    "adam_beta2": UNIT_OPEN_TOP,
+    "adam_epsilon": AT_LEAST_0,
+    "max_grad_norm": AT_LEAST_0,  # 0 (or None): no clipping
+    "label_smoothing_factor": UNIT,
+    "neftune_noise_alpha": AT_LEAST_0,
+    "torch_empty_cache_steps": AT_LEAST_1,
+    "logging_steps": ABOVE_0,
+    "eval_steps": ABOVE_0,
+    "eval_delay": AT_LEAST_0,
+    "eval_accumulation_steps": AT_LEAST_1,
+    "save_steps": ABOVE_0,
+    "save_total_limit": AT_LEAST_0,
+    "seed": SEED,
+    "data_seed": SEED,
+    "dataloader_num_workers": AT_LEAST_0,
+    "dataloader_prefetch_factor": AT_LEAST_1,
+    "ddp_bucket_cap_mb": AT_LEAST_1,
+    "ddp_timeout": AT_LEAST_1,
+    "local_rank": Range(-1, None),
 }
+
+
+@functools.cache
+def field_ranges(config_cls: type) -> dict[str, Range]:
+    """Each field's range: the one its annotation declares, else `INHERITED_RANGES`'s, else ANY."""
+    out = {}
+    for name, hint in typing.get_type_hints(config_cls, include_extras=True).items():
+        declared = [m for m in getattr(hint, "__metadata__", ()) if isinstance(m, Range)]
+        out[name] = declared[0] if declared else INHERITED_RANGES.get(name, ANY)
+    return out
 
 
 def _describe(rng: tuple) -> str:
@@ -118,11 +99,12 @@ def _in_range(value: float, rng: tuple) -> bool:
 
 def check_numeric_fields(config) -> None:
     """Raise ValueError naming the first numeric field that is non-finite or out of its range."""
+    ranges = field_ranges(type(config))
     for f in dataclasses.fields(config):
         value = getattr(config, f.name, None)
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
             continue  # None (unset), strings, lists, flags
-        rng = RANGES.get(f.name, _ANY)
+        rng = ranges.get(f.name, ANY)
         if not math.isfinite(value):
             raise ValueError(f"`{f.name}` must be a finite number ({_describe(rng)}), got {value!r}.")
         if not _in_range(value, rng):

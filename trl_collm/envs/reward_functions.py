@@ -1,7 +1,7 @@
 """``RewardFunctionEnv``: a GRPO-style single-turn dataset + per-agent prompt formatters + reward functions, as an env.
 
 It overrides the batch layer so every reward function (which may be a reward model) runs once per batch rather than
-once per episode.
+once per episode. `build_env` turns a trainer's `env` / `reward_funcs` / `reward_model` arguments into the run's env.
 """
 
 from __future__ import annotations
@@ -24,7 +24,9 @@ from .protocol import (
     _team_phrase,
     _validate_observation,
     as_float_rewards,
+    check_agent_names,
 )
+from .reward_model import RewardModelFunction
 
 # Column names that would collide with the positional-by-keyword arguments of a reward function
 # (``f(prompts=..., completions=..., **columns)``); a column named like this would raise
@@ -338,3 +340,45 @@ class RewardFunctionEnv(MultiAgentEnv):
             raise RuntimeError("RewardFunctionEnv.step follows reset(row); for batches use reset_batch/step_batch.")
         batch = self.step_batch([list(completions)], [0], len(completions))
         return StepResult(reward=batch.rewards[0].tolist(), observations=None, done=True, info={})
+
+
+def build_env(env, reward_funcs, reward_model, prompt_formatters, args, team) -> MultiAgentEnv:
+    """The run's environment: the user's `env` as it is, or a `RewardFunctionEnv` over `reward_funcs` (and a TRL-PPO
+    `reward_model` as one more function) for a single-turn team; refuses a mix of both, or neither."""
+    names = team.names
+    if env is not None:
+        if reward_funcs is not None or reward_model is not None:
+            raise ValueError("Pass either `env` (which computes rewards) or `reward_funcs`/`reward_model`, not both.")
+        if not isinstance(env, MultiAgentEnv):
+            raise TypeError(f"`env` must be a trl_collm.MultiAgentEnv, got {type(env).__name__}.")
+        if getattr(env, "agent_names", None):
+            check_agent_names(env, names)
+        return env
+    funcs = (
+        []
+        if reward_funcs is None
+        else (list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs])
+    )
+    if reward_model is not None:
+        # A TRL-PPO reward model scores each agent's prompt + completion with the first agent's tokenizer.
+        funcs.append(
+            RewardModelFunction(
+                reward_model, team.tokenizers[names[0]], batch_size=args.local_rollout_forward_batch_size
+            )
+        )
+    if not funcs:
+        raise ValueError("No reward: pass `reward_funcs` (GRPO-style functions), `reward_model`, or an `env`.")
+    if args.num_turns > 1:
+        raise ValueError(
+            f"`num_turns`={args.num_turns} needs an `env` that produces the next observations; reward functions "
+            "are single-turn."
+        )
+    weights = args.reward_weights
+    if weights is not None and len(weights) != len(funcs):
+        raise ValueError(
+            f"`reward_weights` has {len(weights)} entries for {len(funcs)} reward functions; give one weight per "
+            "function."
+        )
+    return RewardFunctionEnv(
+        funcs, formatters=prompt_formatters, reward_weights=weights, agent_names=names, reward_type=args.reward_type
+    )

@@ -5,77 +5,34 @@ checkpoints, saving and the Hub push. The PPO and MC trainers only say how advan
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import logging
 import math
 import os
 import time
-from collections import defaultdict
 
 import torch
-from torch.utils.data import DataLoader
-from transformers import Trainer, TrainerState, set_seed
+from transformers import TrainerState, set_seed
 from transformers.trainer_callback import ExportableState
 from transformers.trainer_utils import TrainOutput
 from trl.trainer.base_trainer import _BaseTrainer
 from trl.trainer.utils import disable_dropout_in_model
 
-from .. import algorithms as alg
 from .. import saved_team
 from ..assembly import TeamModel, build_team, resolve_agent_names
-from ..chat import agent_prompt
-from ..envs import MultiAgentEnv, RewardFunctionEnv, RewardModelFunction, check_agent_names
+from ..envs.reward_functions import build_env
 from ..generation import make_backend
-from ..numerics import NonFiniteSteps, gradients_finite
+from ..numerics import NonFiniteSteps
 from ..rollout import Rollout, run_episodes
 from ..sampling import Sampler, SamplingSettings
-from . import checkpoints, distributed
-from .output_dir import LOCK_FILE, OutputDirLock, check_writable
+from . import checkpoints, distributed, evaluation, hub
+from .batches import DataPasses, rollout_loader, set_batch_sizes
+from .output_dir import check_writable, claim_output_dir
+from .updates import TeamUpdates
 
 logger = logging.getLogger(__name__)
 
 
-def build_env(env, reward_funcs, reward_model, prompt_formatters, args, team) -> MultiAgentEnv:
-    names = team.names
-    if env is not None:
-        if reward_funcs is not None or reward_model is not None:
-            raise ValueError("Pass either `env` (which computes rewards) or `reward_funcs`/`reward_model`, not both.")
-        if not isinstance(env, MultiAgentEnv):
-            raise TypeError(f"`env` must be a trl_collm.MultiAgentEnv, got {type(env).__name__}.")
-        if getattr(env, "agent_names", None):
-            check_agent_names(env, names)
-        return env
-    funcs = (
-        []
-        if reward_funcs is None
-        else (list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs])
-    )
-    if reward_model is not None:
-        # A TRL-PPO reward model scores each agent's prompt + completion with the first agent's tokenizer.
-        funcs.append(
-            RewardModelFunction(
-                reward_model, team.tokenizers[names[0]], batch_size=args.local_rollout_forward_batch_size
-            )
-        )
-    if not funcs:
-        raise ValueError("No reward: pass `reward_funcs` (GRPO-style functions), `reward_model`, or an `env`.")
-    if args.num_turns > 1:
-        raise ValueError(
-            f"`num_turns`={args.num_turns} needs an `env` that produces the next observations; reward functions "
-            "are single-turn."
-        )
-    weights = args.reward_weights
-    if weights is not None and len(weights) != len(funcs):
-        raise ValueError(
-            f"`reward_weights` has {len(weights)} entries for {len(funcs)} reward functions; give one weight per "
-            "function."
-        )
-    return RewardFunctionEnv(
-        funcs, formatters=prompt_formatters, reward_weights=weights, agent_names=names, reward_type=args.reward_type
-    )
-
-
-class TeamTrainerBase(_BaseTrainer):
+class TeamTrainerBase(TeamUpdates, _BaseTrainer):
     _tag_names = ["trl", "trl-collm", "multi-agent"]
     _name = "TeamTrainer"
 
@@ -161,203 +118,13 @@ class TeamTrainerBase(_BaseTrainer):
         # TRL's usage ping is for TRL's own trainers; a plugin should not report on their behalf.
         return
 
-    # ------------------------------------------------------------------ batch sizes (TRL PPO semantics)
+    # ------------------------------------------------------------------ batches (trainers/batches.py)
     def _batch_sizes(self):
-        args = self.args
-        world = self.accelerator.num_processes
-        args.local_batch_size = (
-            args.per_device_train_batch_size * args.gradient_accumulation_steps * args.num_mini_batches
-        )
-        args.micro_batch_size = args.per_device_train_batch_size * world
-        args.batch_size = args.local_batch_size * world
-        args.mini_batch_size = max(1, args.batch_size // args.num_mini_batches)
-        args.local_mini_batch_size = max(1, args.local_batch_size // args.num_mini_batches)
-        if args.max_steps is not None and args.max_steps > 0:  # as transformers: max_steps overrides the epochs
-            args.num_total_batches = args.max_steps
-            args.total_episodes = args.max_steps * args.batch_size
-            return
-        if args.total_episodes is None:
-            args.total_episodes = int(args.num_train_epochs * len(self.train_dataset))
-        args.num_total_batches = max(1, math.ceil(args.total_episodes / args.batch_size))
+        set_batch_sizes(self.args, self.accelerator.num_processes, len(self.train_dataset))
 
     def _rollout_loader(self):
-        args = self.args
-        if len(self.train_dataset) < args.local_batch_size:
-            raise ValueError(
-                f"`train_dataset` has {len(self.train_dataset)} rows but one rollout batch takes local_batch_size="
-                f"{args.local_batch_size} (per_device_train_batch_size * gradient_accumulation_steps * "
-                "num_mini_batches); "
-                "lower per_device_train_batch_size or add rows."
-            )
-        generator = torch.Generator().manual_seed(args.data_seed if args.data_seed is not None else args.seed)
-        loader = DataLoader(
-            self.train_dataset,
-            batch_size=args.local_batch_size,
-            shuffle=True,
-            drop_last=True,
-            collate_fn=lambda rows: rows,
-            generator=generator,
-        )
+        loader = rollout_loader(self.train_dataset, self.args)
         return self.accelerator.prepare(loader) if self.accelerator.num_processes > 1 else loader
-
-    # ------------------------------------------------------------------ optimizer
-    def param_groups(self) -> list[dict]:
-        """One group per agent and per critic, so learning rates (and clipping) can differ by module."""
-        args = self.args
-        seen, groups = set(), []
-
-        def add(name, params, lr):
-            params = [p for p in params if p.requires_grad and id(p) not in seen]
-            seen.update(id(p) for p in params)
-            if params:
-                groups.append({"params": params, "lr": lr, "name": name})
-
-        for a in self.team.names:
-            add(a, self.team.agent_parameters(a), args.learning_rate)
-        if self.critic is not None:
-            for key, params in self.critic.unit_parameters().items():
-                add(f"critic/{key}", params, args.critic_learning_rate or args.learning_rate)
-        return groups
-
-    def create_optimizer(self, model=None):
-        """`optim` through transformers' optimizer factory (its class and keyword arguments: lr, betas, eps,
-        optim_args), over `param_groups()`; `weight_decay` applies to every trained parameter."""
-        if self.optimizer is None:
-            args = self.args
-            optimizer_cls, kwargs = Trainer.get_optimizer_cls_and_kwargs(args)
-            kwargs = dict(kwargs)
-            if "weight_decay" in inspect.signature(optimizer_cls).parameters:
-                kwargs.setdefault("weight_decay", args.weight_decay)
-            self.optimizer = optimizer_cls(self.param_groups(), **kwargs)
-        return self.optimizer
-
-    def _clip_gradients(self, agents: list[str]):
-        args = self.args
-        if args.max_grad_norm is None or args.max_grad_norm <= 0:
-            return
-        if args.grad_clip_scope == "global":
-            params = [p for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
-            self.accelerator.clip_grad_norm_(params, args.max_grad_norm)
-            return
-        modules = [self.team.agent_parameters(a) for a in agents]
-        if self.critic is not None:
-            modules += self.critic.parameters_for(agents)
-        for params in modules:
-            params = [p for p in params if p.grad is not None]
-            if params:
-                torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm)
-
-    # ------------------------------------------------------------------ update schedule (shared by the trainers)
-    def run_updates(self, scored, pairs: torch.Tensor, epochs: int, per_agent: bool) -> dict:
-        """Optimizer steps over the played (episode, turn) `pairs` of `scored` (a trainer's scored batch, whose
-        `turns[t][agent]` are `ScoredTurn`s).
-
-        joint: per epoch, shuffle the pairs, split them into `num_mini_batches`, one step each for every agent.
-        per_agent: the reference codes' schedule: for each agent, for each turn, for each minibatch, one step.
-        """
-        args, names = self.args, self.team.names
-        logs = defaultdict(list)
-        for _ in range(epochs):
-            if not per_agent:
-                for mb in _split(pairs[torch.randperm(len(pairs))], args.num_mini_batches):
-                    self._step(scored, mb, names, logs)
-                continue
-            for a in names:
-                for t in range(len(scored.turns)):
-                    sel = pairs[pairs[:, 1] == t]
-                    for mb in _split(sel[torch.randperm(len(sel))], args.num_mini_batches):
-                        self._step(scored, mb, [a], logs)
-        return logs
-
-    def _step(self, scored, pairs: torch.Tensor, agents: list[str], logs):
-        """One optimizer step on a minibatch of (episode, turn) pairs, micro-batched by per_device_train_batch_size."""
-        micro = self.micro_batch_rows()
-        if self.is_deepspeed_enabled:
-            # One engine.step() per minibatch: every backward below only accumulates (distributed.engine_backward);
-            # DeepSpeed reduces the gradients across ranks and clips the global norm (max_grad_norm) in step().
-            # ZeRO checks the reduced gradients for NaN/inf itself and skips such a step (engine.skipped_steps);
-            # `_accumulate` turns a non-finite loss into NaN gradients so that it is skipped the same way.
-            with distributed.engine_backward(self) as engine:
-                losses_finite = self._accumulate(scored, pairs, agents, logs, micro)
-                distributed.release_gathered(self)  # no gathered copy may outlive the step that updates the shards
-                skipped_before = engine.skipped_steps
-                self.control = self.callback_handler.on_pre_optimizer_step(self.args, self.state, self.control)
-                engine.step()
-            if engine.skipped_steps > skipped_before:
-                self.nonfinite_steps.skipped("loss" if not losses_finite else "gradients")
-                return
-            self.nonfinite_steps.stepped()
-            self.control = self.callback_handler.on_optimizer_step(self.args, self.state, self.control)
-            if self.lr_scheduler is not None:
-                self.lr_scheduler.step()
-            return
-        self.optimizer.zero_grad(set_to_none=True)
-        losses_finite = self._accumulate(scored, pairs, agents, logs, micro)
-        distributed.average_gradients(self)  # several processes without DeepSpeed; no-op in one process
-        params = [p for g in self.optimizer.param_groups for p in g["params"]]
-        # After averaging every rank holds the same gradients; only the loss flag is local, so ranks agree on it.
-        if distributed.on_any_rank(self, not losses_finite) or not gradients_finite(params):
-            # A non-finite number never reaches the weights: drop this step's gradients, keep the optimizer state.
-            self.optimizer.zero_grad(set_to_none=True)
-            self.nonfinite_steps.skipped("loss" if not losses_finite else "gradients")
-            return
-        self.nonfinite_steps.stepped()
-        self._clip_gradients(agents)
-        self.control = self.callback_handler.on_pre_optimizer_step(self.args, self.state, self.control)
-        self.optimizer.step()
-        self.control = self.callback_handler.on_optimizer_step(self.args, self.state, self.control)
-        if self.lr_scheduler is not None:
-            self.lr_scheduler.step()
-
-    def micro_batch_rows(self) -> int:
-        """(row, turn) pairs per forward/backward part of an optimizer step: PPO's rows are episodes, so
-        `per_device_train_batch_size` of them (TRL's PPO micro-batch)."""
-        return max(1, self.args.per_device_train_batch_size)
-
-    def _accumulate(self, scored, pairs: torch.Tensor, agents: list[str], logs, micro: int):
-        """The backward passes of one `_step` (gradients accumulate; no optimizer step here); returns whether every
-        loss was finite.
-
-        Each loss `step_losses` yields is backpropagated before the next is computed: with LoRA agents on one base
-        the active adapter changes between losses, and activation checkpointing must recompute with the adapter that
-        was active."""
-        finite = True
-        # (transformers' Trainer leaves accelerate's gradient_accumulation_steps at 1, so `accelerator.backward` does
-        # not divide: the weights below alone make the minibatch mean over all its micro-batches.)
-        parts = pairs.split(micro)
-        for k, mpairs in enumerate(parts):
-            weight = len(mpairs) / len(pairs)  # micro losses are means; weight them to the minibatch mean
-            for loss, rows in self.step_losses(scored, mpairs, agents, logs):
-                # Backpropagated even when non-finite, so that every rank runs the same collectives; the step is
-                # then dropped by `_step`.
-                finite_here = bool(torch.isfinite(loss.detach()).all())
-                finite = finite and finite_here
-                scale = weight * rows / len(mpairs)
-                if not finite_here and self.is_deepspeed_enabled:
-                    # ZeRO skips a step only for non-finite gradients, and an infinite loss can have finite ones:
-                    # NaN gradients here make every rank's ZeRO skip this step (the reduced gradients carry them).
-                    scale = float("nan")
-                self.accelerator.backward(loss * scale)
-                distributed.release_gathered(self)  # ZeRO-3: the models this loss gathered, now that it is done
-            if k < len(parts) - 1:  # transformers' event for an accumulation step that is not an optimizer step
-                self.control = self.callback_handler.on_substep_end(self.args, self.state, self.control)
-        return finite
-
-    def step_losses(self, scored, mpairs: torch.Tensor, agents: list[str], logs):
-        """The losses of one micro-batch of (episode, turn) pairs for the `agents` being updated: yields
-        (loss, rows), a mean over `rows` of the micro-batch's pairs (the base weights it by rows / len(mpairs)).
-        Append what to log to `logs[key]`. The one hook a trainer implements for its update."""
-        raise NotImplementedError
-
-    @staticmethod
-    def agent_rows(turns, mpairs: torch.Tensor, agents: list[str]):
-        """Yields (agent, scored turn, local rows) for every agent and turn that `mpairs` touches."""
-        for a in agents:
-            for t in mpairs[:, 1].unique().tolist():
-                st = turns[t][a]
-                rows = _rows_of(st.episode_ids, mpairs[mpairs[:, 1] == t][:, 0])
-                if len(rows):
-                    yield a, st, rows
 
     # ------------------------------------------------------------------ generation
     def build_sampler(self) -> Sampler:
@@ -372,33 +139,6 @@ class TeamTrainerBase(_BaseTrainer):
             logprob_temperature=self.sampler_logprob_temperature(),
             lockstep=lambda: distributed.generation_in_lockstep(self),
         )
-
-    def importance_weights(self, agent: str, gen, rows, trainer_logprobs, mask, logs):
-        """The importance-sampling correction's (B, L) weights for rows sampled by vLLM (`vllm_importance_sampling_*`,
-        algorithms.importance_sampling_weights), or None when it does not apply. `trainer_logprobs`: the trainer's
-        log-probs of the sampled tokens under the weights that sampled them (PPO's old log-probs). Logs the
-        engine-vs-trainer log-prob gap and the mean weight."""
-        args = self.args
-        if not getattr(args, "use_vllm", False) or gen.engine_logprobs is None:
-            return None
-        engine = gen.engine_logprobs[rows].to(trainer_logprobs.device)
-        m = mask.bool()
-        gap = (trainer_logprobs.detach() - engine).abs()
-        logs["vllm/logprob_gap_mean"].append(float(alg.masked_mean(gap, m)))
-        logs["vllm/logprob_gap_max"].append(float(gap.masked_fill(~m, 0).max()) if m.any() else 0.0)
-        if not args.vllm_importance_sampling_correction:
-            return None
-        weights = alg.importance_sampling_weights(
-            trainer_logprobs.detach(),
-            engine,
-            m,
-            args.vllm_importance_sampling_mode,
-            args.vllm_importance_sampling_clip_min,
-            args.vllm_importance_sampling_clip_max,
-        )
-        logs["vllm/is_weight_mean"].append(float(alg.masked_mean(weights, m)))
-        logs[f"{agent}/vllm/is_weight_mean"].append(logs["vllm/is_weight_mean"][-1])
-        return weights
 
     def sampler_logprob_temperature(self) -> float | None:
         """The temperature at which the sampler records the sampled tokens' log-probs (None: not needed)."""
@@ -444,6 +184,45 @@ class TeamTrainerBase(_BaseTrainer):
                 "learning rate (or raise max_grad_norm clipping) and resume from the last checkpoint."
             ) from e
 
+    # ------------------------------------------------------------------ scoring helpers (shared by the trainers)
+    def loss_temperature(self) -> float:
+        """The temperature the loss's log-probs divide the logits by: the sampling temperature, or 1 when
+        `scale_logits_by_temperature` is off."""
+        return self.args.temperature if self.args.scale_logits_by_temperature else 1.0
+
+    def chunked_logprobs(self, a: str, g, reference: bool = False) -> torch.Tensor:
+        """Agent `a`'s (or its reference's) log-probs of the generation `g`'s response tokens, (B, Lr), without
+        gradients' memory: in chunks of local_rollout_forward_batch_size rows."""
+        return _chunked(
+            lambda s: self.team.logprobs(
+                a,
+                g.query_ids[s],
+                g.query_mask[s],
+                g.response_ids[s],
+                g.response_mask[s],
+                self.loss_temperature(),
+                reference=reference,
+            )[0],
+            len(g.query_ids),
+            self.args.local_rollout_forward_batch_size,
+        )
+
+    def _episode_metrics(self, agent_scores: torch.Tensor, turns_played: float, turns, length_turns=None) -> dict:
+        """What every trainer logs about a batch's episodes: the turns played, the EOS count over `turns`
+        (`turns[t][agent]` with a `.gen`), each agent's score (`agent_scores`, (E, n)) and mean response length
+        (over `length_turns`, default all turns), and the env's reward components."""
+        names = self.team.names
+        length_turns = turns if length_turns is None else length_turns
+        eos = sum(float(turn[a].gen.ended.float().sum()) for turn in turns for a in names)
+        metrics = {"objective/turns": turns_played, "val/num_eos_tokens": float(eos)}
+        for i, a in enumerate(names):
+            lengths = [float(turn[a].gen.response_mask.float().sum(-1).mean()) for turn in length_turns]
+            metrics[f"{a}/objective/scores"] = float(agent_scores[:, i].mean())
+            metrics[f"{a}/response_length"] = sum(lengths) / len(lengths)
+        for name, value in (getattr(self.env, "last_reward_components", None) or {}).items():
+            metrics[f"rewards/{name}"] = float(value.float().mean())
+        return metrics
+
     # ------------------------------------------------------------------ the loop
     def train(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None, **kwargs):
         """Iterations of rollout + update, with transformers' callback contract: on_train_begin, on_epoch_begin /
@@ -452,39 +231,26 @@ class TeamTrainerBase(_BaseTrainer):
         on_save, on_train_end. What happens after a step or an epoch is decided by `control.should_log /
         should_evaluate / should_save / should_epoch_stop / should_training_stop`, which transformers'
         DefaultFlowCallback sets from the logging / eval / save strategies and any callback may set too."""
-        args = self.args
         if resume_from_checkpoint is None:  # TrainingArguments carries it (the CLI's --resume_from_checkpoint)
-            resume_from_checkpoint = args.resume_from_checkpoint
-        checkpoint = checkpoints.resolve(resume_from_checkpoint, args.output_dir)
-        lock = self._claim_output_dir()
+            resume_from_checkpoint = self.args.resume_from_checkpoint
+        checkpoint = checkpoints.resolve(resume_from_checkpoint, self.args.output_dir)
+        lock = claim_output_dir(self)
         try:
-            return self._train(checkpoint)
+            batches = self._begin_training(checkpoint)
+            for rows in batches:
+                with self.accelerator.autocast():  # bf16 / fp16 mixed precision, as transformers.Trainer does
+                    metrics = self.training_iteration(rows)
+                metrics = self._record(metrics)
+                if self._after_step(metrics):
+                    break
+            return self._end_training()
         finally:
             lock.release()
 
-    def _claim_output_dir(self) -> OutputDirLock:
-        """Before anything is trained: output_dir must be writable (every process checks; a failure at the first
-        save would come after hours), and this run alone may use it (the main process takes the lock). Every
-        process raises together, so none waits in a collective for the others."""
-        folder = self.args.output_dir
-        lock = OutputDirLock(folder)
-        problem = None
-        try:
-            check_writable(folder)
-            if self.is_world_process_zero():
-                lock.acquire()
-        except (OSError, RuntimeError) as e:
-            problem = e
-        if distributed.on_any_rank(self, problem is not None):
-            lock.release()
-            if problem is not None:
-                raise problem
-            raise RuntimeError(f"another process of this run could not use output_dir {folder!r}; see its error.")
-        return lock
-
-    def _train(self, checkpoint: str | None):
-        """`train` once the output_dir is this run's: checks first, then (overwrite_output_dir) the old checkpoints'
-        deletion, then the loop."""
+    def _begin_training(self, checkpoint: str | None):
+        """Once the output_dir is this run's: checks, sizes, optimizer (and DeepSpeed engine), then (with
+        overwrite_output_dir) the old checkpoints' deletion, trainer state, on_train_begin and, when resuming, the
+        checkpoint's weights, counters and data position. Returns the iterator of rollout batches."""
         args = self.args
         if checkpoint is None:  # only checked here: nothing is deleted before every check below has passed
             checkpoints.refuse_to_clobber(args.output_dir, args.overwrite_output_dir, delete=False)
@@ -497,7 +263,7 @@ class TeamTrainerBase(_BaseTrainer):
             args.run_name = f"{args.exp_name}__{args.seed}__{int(time.time())}"
         self._batch_sizes()
         loader = self._rollout_loader()
-        steps_per_epoch = len(loader)  # iterations in one pass over train_dataset
+        self._passes = DataPasses(loader)
         steps_per_iteration = self.optimizer_steps_per_iteration()
         self.create_optimizer_and_scheduler(num_training_steps=args.num_total_batches * steps_per_iteration)
         if self.is_deepspeed_enabled and self.model_wrapped is self.model:
@@ -505,96 +271,116 @@ class TeamTrainerBase(_BaseTrainer):
         if checkpoint is None and self.is_world_process_zero():  # every check passed: now the old run may go
             checkpoints.refuse_to_clobber(args.output_dir, args.overwrite_output_dir, delete=True)
         self.accelerator.wait_for_everyone()
+        self._new_trainer_state(loader)
+        if checkpoint is not None:  # best metric and callback states first, so callbacks start from them
+            checkpoints.load_trainer_state(self.state, checkpoint)
+            self._load_callback_state()
+        self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
+        saved = self._resume(checkpoint) if checkpoint is not None else None
+        if args.eval_on_start:
+            self._evaluate_in_training()
+        if saved is not None:
+            checkpoints.set_rng_state(saved["rng"])  # after skipping (and evaluating), so sampling continues exactly
+        self._started_at, self._loss_sum = time.time(), 0.0
+        self._last_logged_step = self.state.global_step
+        self._passes.resume_at(self.state.global_step)  # a resumed run starts (the rest of) an epoch too
+        return self._batches()
+
+    def _new_trainer_state(self, loader) -> None:
+        """transformers' TrainerState for this run (max steps, epochs, logging / eval / save steps), and the
+        callback handler pointed at the model, optimizer, scheduler and loader."""
+        args = self.args
         self.state = TrainerState(
             is_local_process_zero=self.is_local_process_zero(),
             is_world_process_zero=self.is_world_process_zero(),
             stateful_callbacks=self._exportable_callbacks(),
         )
         self.state.max_steps = args.num_total_batches
-        self.state.num_train_epochs = math.ceil(args.num_total_batches / steps_per_epoch)
+        self.state.num_train_epochs = math.ceil(args.num_total_batches / self._passes.steps_per_epoch)
         self.state.train_batch_size = args.batch_size
         self.state.compute_steps(args, args.num_total_batches)  # logging / eval / save steps (fractions of max)
         self.state.episode = 0
         handler = self.callback_handler
         handler.model, handler.optimizer, handler.lr_scheduler = self.model, self.optimizer, self.lr_scheduler
         handler.train_dataloader = loader
-        if checkpoint is not None:  # best metric and callback states first, so callbacks start from them
-            checkpoints.load_trainer_state(self.state, checkpoint)
-            self._load_callback_state()
-        self.control = handler.on_train_begin(args, self.state, self.control)
-        sample_every = (
-            max(1, args.num_total_batches // args.num_sample_generations) if args.num_sample_generations > 0 else None
-        )
 
-        def batches():
-            while True:
-                yield from loader
+    def _resume(self, checkpoint: str) -> dict:
+        """Weights, optimizer, counters and metrics from `checkpoint`, and the data stream fast-forwarded to the
+        same shuffled position. Returns what was loaded (its RNG state is restored later)."""
+        saved = checkpoints.load_checkpoint(self, checkpoint)
+        if not self.args.ignore_data_skip:
+            self._passes.skip(saved["global_step"])
+        self.state.global_step, self.state.episode = saved["global_step"], saved["episode"]
+        self.state.log_history = saved["log_history"]
+        self._metrics_history = list(saved["metrics_history"])
+        logger.info("resumed from %s at iteration %d", checkpoint, saved["global_step"])
+        return saved
 
-        iterator = batches()
-        saved = None
-        if checkpoint is not None:
-            saved = checkpoints.load_checkpoint(self, checkpoint)
-            if not args.ignore_data_skip:
-                for _ in range(saved["global_step"]):  # the data position: the same shuffled order, fast-forwarded
-                    next(iterator)
-            self.state.global_step, self.state.episode = saved["global_step"], saved["episode"]
-            self.state.log_history = saved["log_history"]
-            self._metrics_history = list(saved["metrics_history"])
-            logger.info("resumed from %s at iteration %d", checkpoint, saved["global_step"])
-        if args.eval_on_start:
-            self._evaluate_in_training()
-        if saved is not None:
-            checkpoints.set_rng_state(saved["rng"])  # after skipping (and evaluating), so sampling continues exactly
-        start = time.time()
-        loss_sum = 0.0
-        self._last_logged_step = self.state.global_step
-        position = self.state.global_step % steps_per_epoch  # iterations done in the current pass
-        epoch = self.state.global_step // steps_per_epoch
-        epoch_started = False  # a resumed run starts (the rest of) an epoch too, as transformers
-        while self.state.global_step < args.num_total_batches:
-            if not epoch_started:
-                self.control = handler.on_epoch_begin(args, self.state, self.control)
-                epoch_started = True
-            self.control = handler.on_step_begin(args, self.state, self.control)
-            rows = next(iterator)
-            t0 = time.time()
-            with self.accelerator.autocast():  # bf16 / fp16 mixed precision, as transformers.Trainer does
-                metrics = self.training_iteration(rows)
-            metrics["time/iteration_s"] = time.time() - t0
-            metrics["train/nonfinite_steps_skipped"] = self.nonfinite_steps.take_iteration_count()
-            self.state.episode += args.batch_size
-            self.state.global_step += 1
-            position += 1
-            self.state.epoch = epoch + position / steps_per_epoch
-            metrics["eps"] = int(self.state.episode / max(time.time() - start, 1e-9))
-            metrics["episode"] = self.state.episode
-            metrics["lr"] = self.lr_scheduler.get_last_lr()[0] if self.lr_scheduler is not None else args.learning_rate
-            if self._single_agent():
-                metrics = _fold_single_agent_metrics(metrics, self.team.names[0])
-            loss_sum += float(metrics.get("loss/policy_avg", 0.0))
-            self._metrics_history.append(dict(metrics))
-            if args.torch_empty_cache_steps and self.state.global_step % args.torch_empty_cache_steps == 0:
-                from accelerate.utils.memory import clear_device_cache
+    def _batches(self):
+        """The rollout batches until num_total_batches iterations are done, with on_epoch_begin at the start of a
+        pass and on_step_begin before each batch."""
+        handler, passes = self.callback_handler, self._passes
+        while self.state.global_step < self.args.num_total_batches:
+            if not passes.started:
+                self.control = handler.on_epoch_begin(self.args, self.state, self.control)
+                passes.started = True
+            self.control = handler.on_step_begin(self.args, self.state, self.control)
+            rows = passes.next_batch()
+            self._iteration_started = time.time()
+            yield rows
 
-                clear_device_cache()
-            self.control = handler.on_step_end(args, self.state, self.control)
-            last = self.state.global_step >= args.num_total_batches
-            if last and args.logging_strategy != "no":
-                self.control.should_log = True  # the last iteration is always logged (as before this contract)
+    def _record(self, metrics: dict) -> dict:
+        """Count the iteration (global_step, episodes, epoch) and complete its metrics (time, skipped steps,
+        throughput, learning rate); appended to the metrics history. Returns the metrics as logged."""
+        args, state = self.args, self.state
+        metrics["time/iteration_s"] = time.time() - self._iteration_started
+        metrics["train/nonfinite_steps_skipped"] = self.nonfinite_steps.take_iteration_count()
+        state.episode += args.batch_size
+        state.global_step += 1
+        state.epoch = self._passes.advance()
+        metrics["eps"] = int(state.episode / max(time.time() - self._started_at, 1e-9))
+        metrics["episode"] = state.episode
+        metrics["lr"] = self.lr_scheduler.get_last_lr()[0] if self.lr_scheduler is not None else args.learning_rate
+        if self._single_agent():
+            metrics = _fold_single_agent_metrics(metrics, self.team.names[0])
+        self._loss_sum += float(metrics.get("loss/policy_avg", 0.0))
+        self._metrics_history.append(dict(metrics))
+        if args.torch_empty_cache_steps and state.global_step % args.torch_empty_cache_steps == 0:
+            from accelerate.utils.memory import clear_device_cache
+
+            clear_device_cache()
+        return metrics
+
+    def _after_step(self, metrics: dict) -> bool:
+        """on_step_end, then log / evaluate / save as the control asks; at the end of a pass (or when a callback
+        stops it) on_epoch_end and the same again; the periodic sample printout. Returns whether to stop."""
+        args, passes = self.args, self._passes
+        self.control = self.callback_handler.on_step_end(args, self.state, self.control)
+        last = self.state.global_step >= args.num_total_batches
+        if last and args.logging_strategy != "no":
+            self.control.should_log = True  # the last iteration is always logged (as before this contract)
+        self._log_save_evaluate(metrics)
+        stop = self.control.should_training_stop
+        if passes.pass_over() or last or stop or self.control.should_epoch_stop:
+            if not (passes.pass_over() or last or stop):
+                passes.skip_rest_of_pass()  # should_epoch_stop: the rest of this pass is not trained on
+            self.control = self.callback_handler.on_epoch_end(args, self.state, self.control)
             self._log_save_evaluate(metrics)
-            stop = self.control.should_training_stop
-            if position == steps_per_epoch or last or stop or self.control.should_epoch_stop:
-                if position < steps_per_epoch and not (last or stop):
-                    for _ in range(steps_per_epoch - position):  # should_epoch_stop: skip the rest of this pass
-                        next(iterator)
-                self.control = handler.on_epoch_end(args, self.state, self.control)
-                self._log_save_evaluate(metrics)
-                position, epoch, epoch_started = 0, epoch + 1, False
-                self.state.epoch = float(epoch)
-            if sample_every and self.state.global_step % sample_every == 0 and self.eval_dataset is not None:
-                self.generate_completions(sampling=True)
-            if self.control.should_training_stop:
-                break
+            self.state.epoch = passes.next_pass()
+        if self._sample_now():
+            self.generate_completions(sampling=True)
+        return self.control.should_training_stop
+
+    def _sample_now(self) -> bool:
+        """num_sample_generations printouts (on the eval set) spread evenly over the run."""
+        samples = self.args.num_sample_generations
+        if samples <= 0 or self.eval_dataset is None:
+            return False
+        return self.state.global_step % max(1, self.args.num_total_batches // samples) == 0
+
+    def _end_training(self) -> TrainOutput:
+        """load_best_model_at_end, on_train_end, and transformers' TrainOutput."""
+        args = self.args
         if args.load_best_model_at_end and self.state.best_model_checkpoint is not None:
             logger.info(
                 "loading the best checkpoint %s (%s=%s)",
@@ -603,10 +389,10 @@ class TeamTrainerBase(_BaseTrainer):
                 self.state.best_metric,
             )
             checkpoints.load_parameters(self, self.state.best_model_checkpoint)
-        self.control = handler.on_train_end(args, self.state, self.control)
+        self.control = self.callback_handler.on_train_end(args, self.state, self.control)
         return TrainOutput(
             self.state.global_step,
-            loss_sum / max(1, self.state.global_step),
+            self._loss_sum / max(1, self.state.global_step),
             self._metrics_history[-1] if self._metrics_history else {},
         )
 
@@ -660,7 +446,7 @@ class TeamTrainerBase(_BaseTrainer):
     def training_iteration(self, rows: list[dict]) -> dict:
         raise NotImplementedError
 
-    # ------------------------------------------------------------------ evaluation
+    # ------------------------------------------------------------------ evaluation (trainers/evaluation.py)
     @torch.no_grad()
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval", greedy: bool = False):
         dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
@@ -668,19 +454,7 @@ class TeamTrainerBase(_BaseTrainer):
             raise ValueError(
                 "`evaluate` needs an `eval_dataset` (at construction or as argument) with at least one row."
             )
-        totals = defaultdict(float)
-        count = 0
-        size = self.args.per_device_eval_batch_size
-        for start in range(0, len(dataset), size):
-            rows = [dataset[i] for i in range(start, min(start + size, len(dataset)))]
-            roll = self.rollout(rows, greedy=greedy)
-            returns = roll.rewards.sum(1)  # (E, n)
-            totals["return"] += float(returns.mean(-1).sum())
-            for i, a in enumerate(roll.agent_names):
-                totals[f"{a}/return"] += float(returns[:, i].sum())
-            totals["turns"] += float(roll.turn_mask.sum())
-            count += len(rows)
-        metrics = {f"{metric_key_prefix}_{k}": v / count for k, v in totals.items()}
+        metrics = evaluation.mean_returns(self, dataset, metric_key_prefix, greedy)
         self.log(metrics)
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics=metrics)
         return metrics
@@ -690,20 +464,9 @@ class TeamTrainerBase(_BaseTrainer):
         """Run a few episodes (eval set, else train set) and print/return each agent's completions per turn."""
         dataset = self.eval_dataset if self.eval_dataset is not None else self.train_dataset
         rows = [dataset[i] for i in range(min(num_rows, len(dataset)))]
-        roll = self.rollout(rows, greedy=not sampling)
-        table = []
-        for t, turn in enumerate(roll.turns):
-            for k, e in enumerate(turn[roll.agent_names[0]].episode_ids.tolist()):
-                entry = {"episode": e, "turn": t, "reward": roll.rewards[e, t].tolist()}
-                for a in roll.agent_names:
-                    entry[f"{a}/prompt"] = turn[a].contexts[k]
-                    entry[f"{a}/completion"] = turn[a].gen.texts[k]
-                table.append(entry)
+        table = evaluation.completion_table(self, rows, greedy=not sampling)
         if self.is_world_process_zero():
-            for entry in table:
-                lines = [f"-- episode {entry['episode']} turn {entry['turn']} reward {entry['reward']}"]
-                lines += [f"  [{a}] {entry[a + '/completion']!r}" for a in roll.agent_names]
-                print("\n".join(lines))
+            evaluation.print_table(table, self.team.names)
         return table
 
     # ------------------------------------------------------------------ saving
@@ -737,40 +500,6 @@ class TeamTrainerBase(_BaseTrainer):
         if self.is_world_process_zero():
             write_team_card(self, model_name=model_name, dataset_name=dataset_name, tags=tags, task=task)
 
-    def _task_facts(self) -> dict:
-        facts = {"env": type(self.env).__name__, "rewards": list(getattr(self.env, "reward_func_names", []) or [])}
-        try:  # the prompts an episode starts with, from the first training row, on a copy of the env
-            observations = self.env.clone().reset(self.train_dataset[0])
-            facts["example_prompts"] = {
-                a: self.team.decode_observation(a, agent_prompt(self.team.tokenizers[a], o))
-                for a, o in zip(self.team.names, observations)
-            }
-        except Exception:  # noqa: BLE001 - a card must not fail on an env that cannot reset outside a batch
-            pass
-        return facts
-
-    # The config fields the model card lists (those the trainer's config has).
-    _card_fields = (
-        "advantage_level",
-        "policy_loss_type",
-        "num_ppo_epochs",
-        "kl_coef",
-        "num_generations",
-        "joint_mode",
-        "expansion",
-        "baseline",
-        "loss_type",
-        "gamma",
-        "learning_rate",
-    )
-
-    def _algorithm_facts(self) -> dict:
-        facts = {}
-        if self.critic is not None:  # the card names the critic layout first
-            facts.update(self.critic.card_facts())
-        facts.update({k: getattr(self.args, k) for k in self._card_fields if hasattr(self.args, k)})
-        return facts
-
     def push_to_hub(
         self,
         commit_message: str | None = "End of training",
@@ -782,31 +511,7 @@ class TeamTrainerBase(_BaseTrainer):
     ):
         """Publish the whole team: every agent folder, team.json, the team card and (unless include_critic=False)
         the critic. Extra keyword arguments (e.g. dataset_name) go to the model card."""
-        import transformers.trainer as hf_trainer
-
-        model_name = (
-            kwargs.pop("model_name", None)
-            or (self.args.hub_model_id or self.args.output_dir).rstrip("/").split("/")[-1]
-        )
-        token = token if token is not None else self.args.hub_token
-        if self.hub_model_id is None:
-            self.init_hf_repo(token=token)
-        self.save_model(_internal_call=True)
-        if not self.is_world_process_zero():
-            return None
-        self.create_model_card(model_name=model_name, **kwargs)
-        ignore = ["_*", "checkpoint-*", "checkpoint-*/**", "runs/**", LOCK_FILE] + (
-            [] if include_critic else ["critic/*", "critic/**"]
-        )
-        return hf_trainer.hf_api().upload_folder(
-            repo_id=self.hub_model_id,
-            folder_path=self.args.output_dir,
-            commit_message=commit_message,
-            token=token,
-            run_as_future=not blocking,
-            ignore_patterns=ignore,
-            revision=revision or self.args.hub_revision,
-        )
+        return hub.push_team(self, commit_message, blocking, token, revision, include_critic, kwargs)
 
     def _single_agent(self) -> bool:
         return len(self.team.names) == 1
@@ -834,16 +539,6 @@ class TeamTrainerBase(_BaseTrainer):
 
     def load_checkpoint_state(self, state: dict) -> None:
         """Restore what `checkpoint_state` returned."""
-
-
-def _rows_of(episode_ids: torch.Tensor, wanted: torch.Tensor) -> torch.Tensor:
-    """Local row indices of `episode_ids` whose episode is in `wanted`."""
-    return torch.isin(episode_ids, wanted).nonzero().flatten()
-
-
-def _split(x: torch.Tensor, parts: int) -> list[torch.Tensor]:
-    parts = max(1, min(parts, len(x)))
-    return [c for c in torch.tensor_split(x, parts) if len(c)]
 
 
 def _fold_single_agent_metrics(metrics: dict, name: str) -> dict:

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import torch
 
 from .. import algorithms as alg
-from ..rollout import AgentTurn, SampleTree, run_cross, run_tree
-from .base import TeamTrainerBase, _chunked
+from ..rollout import SampleTree, run_cross, run_tree
+from .base import TeamTrainerBase
 from .mc_config import MultiAgentMCConfig
 from .scored import ScoredTurn
 
@@ -249,7 +249,6 @@ class MultiAgentMCTrainer(TeamTrainerBase):
         """Advantages per sample, and the old / reference log-probs the loss needs."""
         args, names = self.args, self.team.names
         advantages = self.advantages(tree)
-        temp = args.logprob_temperature
         # vLLM's importance-sampling correction compares the engine's log-probs with the sampling weights' own
         need_old = args.loss_type == "clipped" or args.beta != 0 or self._corrects_importance()
         turns = []
@@ -261,24 +260,14 @@ class MultiAgentMCTrainer(TeamTrainerBase):
                     at,
                     advantages=advantages.advantages[t][:, i],
                     sample_mask=tree.credit_mask[t][:, i] if tree.credit_mask is not None else None,
-                    old_logprobs=self._logprobs(a, at, temp, reference=False) if need_old else None,
-                    ref_logprobs=self._logprobs(a, at, temp, reference=True) if args.beta != 0 else None,
+                    old_logprobs=self.chunked_logprobs(a, at.gen) if need_old else None,
+                    ref_logprobs=self.chunked_logprobs(a, at.gen, reference=True) if args.beta != 0 else None,
                 )
             turns.append(scored)
         return ScoredTree(tree, turns, advantages)
 
     def _corrects_importance(self) -> bool:
         return bool(self.args.use_vllm and self.args.vllm_importance_sampling_correction)
-
-    def _logprobs(self, a: str, at: AgentTurn, temp: float, reference: bool) -> torch.Tensor:
-        g = at.gen
-        return _chunked(
-            lambda s: self.team.logprobs(
-                a, g.query_ids[s], g.query_mask[s], g.response_ids[s], g.response_mask[s], temp, reference=reference
-            )[0],
-            len(g.query_ids),
-            self.args.local_rollout_forward_batch_size,
-        )
 
     def step_losses(self, scored: ScoredTree, mpairs: torch.Tensor, agents: list[str], logs):
         """The agents' policy losses (no critic)."""
@@ -288,7 +277,7 @@ class MultiAgentMCTrainer(TeamTrainerBase):
     def _policy_loss(self, a: str, at: MCTurn, rows: torch.Tensor, logs) -> torch.Tensor:
         args = self.args
         g = at.gen
-        temp = args.logprob_temperature
+        temp = self.loss_temperature()
         mask = g.response_mask[rows]
         if at.sample_mask is not None:  # cross mode: samples that took part in no joint action carry no signal
             mask = mask & at.sample_mask[rows].to(mask.device).unsqueeze(-1)
@@ -327,18 +316,13 @@ class MultiAgentMCTrainer(TeamTrainerBase):
         out = {
             # mean over the prompts' first-turn samples of the (tree) return: the team's expected return
             "objective/scores": float(root_returns.mean()),
-            "objective/turns": float(len(tree.turns)),
             "mc/nodes": float(sum(len(r) for r in tree.rewards)),
-            "val/num_eos_tokens": float(sum(turn[a].gen.ended.float().sum() for turn in tree.turns for a in names)),
         }
         for t, rew in enumerate(tree.rewards):
             out[f"turn_{t + 1}/reward_mean"] = float(rew.mean())
             out[f"turn_{t + 1}/return_mean"] = float(returns[t].mean())
+        # MC logs the first turn's response lengths (length_turns)
+        out.update(self._episode_metrics(root_returns, float(len(tree.turns)), tree.turns, tree.turns[:1]))
         for i, a in enumerate(names):
-            out[f"{a}/objective/scores"] = float(root_returns[:, i].mean())
             out[f"{a}/reward_mean"] = float(first[:, i].mean())
-            out[f"{a}/response_length"] = float(tree.turns[0][a].gen.response_mask.float().sum(-1).mean())
-        comps = getattr(self.env, "last_reward_components", None) or {}
-        for name, value in comps.items():
-            out[f"rewards/{name}"] = float(value.float().mean())
         return out

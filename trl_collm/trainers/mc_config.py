@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Annotated
 
+from ..ranges import ABOVE_0, AT_LEAST_0, AT_LEAST_1
 from .team_config import TeamConfig
 
 MC_PRESETS: dict[str, dict] = {
@@ -91,8 +93,8 @@ class MultiAgentMCConfig(TeamConfig):
 
     presets = MC_PRESETS
 
-    learning_rate: float = field(default=5e-6, metadata={"help": "Learning rate of the agents."})
-    num_generations: int = field(
+    learning_rate: Annotated[float, AT_LEAST_0] = field(default=5e-6, metadata={"help": "Learning rate of the agents."})
+    num_generations: Annotated[int, AT_LEAST_1] = field(
         default=4, metadata={"help": "G: completions sampled per agent per prompt (per tree node)."}
     )
     joint_mode: str = field(
@@ -107,7 +109,7 @@ class MultiAgentMCConfig(TeamConfig):
             )
         },
     )
-    max_joint_combinations: int = field(
+    max_joint_combinations: Annotated[int, AT_LEAST_1] = field(
         default=16, metadata={"help": "Cap on the joint actions per prompt in 'cross' mode (sampled when exceeded)."}
     )
     expansion: str = field(
@@ -135,9 +137,13 @@ class MultiAgentMCConfig(TeamConfig):
             )
         },
     )
-    num_iterations: int = field(default=1, metadata={"help": "Inner iterations over each batch (loss_type='clipped')."})
-    epsilon: float = field(default=0.2, metadata={"help": "Clip range of the ratio (loss_type='clipped')."})
-    beta: float = field(
+    num_iterations: Annotated[int, AT_LEAST_1] = field(
+        default=1, metadata={"help": "Inner iterations over each batch (loss_type='clipped')."}
+    )
+    epsilon: Annotated[float, ABOVE_0] = field(
+        default=0.2, metadata={"help": "Clip range of the ratio (loss_type='clipped')."}
+    )
+    beta: Annotated[float, AT_LEAST_0] = field(
         default=0.0, metadata={"help": "KL coefficient to the reference policy (0: no reference is kept)."}
     )
     kl_estimator: str = field(default="k3", metadata={"help": "KL estimator for beta: 'k1' or 'k3'."})
@@ -165,8 +171,6 @@ class MultiAgentMCConfig(TeamConfig):
                 f"`num_generations`={self.num_generations}: a group baseline needs >= 2 samples; raise it or set "
                 "baseline='none'."
             )
-        if self.num_generations < 1 or self.num_iterations < 1 or self.max_joint_combinations < 1:
-            raise ValueError("`num_generations`, `num_iterations` and `max_joint_combinations` must be >= 1.")
         if self.joint_mode == "cross" and self.num_turns > 1:
             raise ValueError(
                 "`joint_mode='cross'` is single-turn; use joint_mode='aligned' with expansion='tree' for multi-turn."
@@ -175,5 +179,3 @@ class MultiAgentMCConfig(TeamConfig):
             raise ValueError(
                 "`loss_type='reinforce'` is on-policy (no ratio); set `num_iterations=1` or use loss_type='clipped'."
             )
-        if self.epsilon <= 0:
-            raise ValueError(f"`epsilon` must be > 0, got {self.epsilon}.")

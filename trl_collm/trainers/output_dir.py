@@ -14,6 +14,8 @@ import socket
 import tempfile
 import time
 
+from . import distributed
+
 LOCK_FILE = ".trl_collm.lock"
 # A lock file still empty after this long was left by a process killed between creating and writing it.
 _EMPTY_LOCK_STALE_S = 60.0
@@ -97,6 +99,27 @@ class OutputDirLock:
             f"each other's checkpoints. Wait for it to finish or choose another output_dir; if that run is gone "
             f"(e.g. it ran on another host and was killed), delete {self.path!r}."
         )
+
+
+def claim_output_dir(trainer) -> OutputDirLock:
+    """Before anything is trained: output_dir must be writable (every process checks; a failure at the first
+    save would come after hours), and this run alone may use it (the main process takes the lock). Every
+    process raises together, so none waits in a collective for the others."""
+    folder = trainer.args.output_dir
+    lock = OutputDirLock(folder)
+    problem = None
+    try:
+        check_writable(folder)
+        if trainer.is_world_process_zero():
+            lock.acquire()
+    except (OSError, RuntimeError) as e:
+        problem = e
+    if distributed.on_any_rank(trainer, problem is not None):
+        lock.release()
+        if problem is not None:
+            raise problem
+        raise RuntimeError(f"another process of this run could not use output_dir {folder!r}; see its error.")
+    return lock
 
 
 def _remove(path: str) -> None:

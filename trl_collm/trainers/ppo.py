@@ -18,9 +18,10 @@ from .. import algorithms as alg
 from ..critics import CriticBatch, build_critic
 from ..generation import sampler_logits_are_the_models
 from ..rollout import Rollout
-from .base import TeamTrainerBase, _chunked, _rows_of
+from .base import TeamTrainerBase, _chunked
 from .ppo_config import MultiAgentPPOConfig
 from .scored import ScoredTurn
+from .updates import _rows_of
 
 
 @dataclass
@@ -182,9 +183,7 @@ class MultiAgentPPOTrainer(TeamTrainerBase):
 
     def sampler_logprob_temperature(self) -> float | None:
         """The policy's temperature in the loss, when the old log-probs come from the sampler."""
-        if not self._old_logprobs_from_sampler():
-            return None
-        return self.args.logprob_temperature
+        return self.loss_temperature() if self._old_logprobs_from_sampler() else None
 
     def _old_logprobs_from_sampler(self) -> bool:
         """Take the old log-probs from the sampler (one policy forward per agent and turn fewer in scoring, as TRL's
@@ -232,90 +231,74 @@ class MultiAgentPPOTrainer(TeamTrainerBase):
     # ------------------------------------------------------------------ scoring (no grad)
     @torch.no_grad()
     def score_rollout(self, roll: Rollout) -> ScoredRollout:
-        args, team, names = self.args, self.team, self.team.names
+        args, names = self.args, self.team.names
         n, E, T = len(names), roll.num_episodes, roll.num_turns
-        token = args.advantage_level == "token"
-        temp = args.logprob_temperature
-        num_eos = {a: [] for a in names}
-        response_length = {a: [] for a in names}
+        defer = self._defer_old_logprobs()
         rewards = roll.rewards.clone()  # (E, T, n)
         kl_seq = torch.zeros(E, T, n)
         logp_seq = torch.zeros(E, T, n)
-        chunk = args.local_rollout_forward_batch_size
-        defer = self._defer_old_logprobs()
         turns: list[dict[str, PPOTurn]] = []
         for t, turn in enumerate(roll.turns):
             scored = {}
             for i, a in enumerate(names):
                 at = turn[a]
-                g = at.gen
-                num_eos[a].append(float(g.ended.float().sum()))
-                response_length[a].append(float(g.response_mask.float().sum(-1).mean()))
                 if args.missing_eos_penalty is not None:
-                    rewards[at.episode_ids, t, i] -= args.missing_eos_penalty * (~g.ended).float().cpu()
-                if defer:  # filled row by row by the update's own forward (see _defer_old_logprobs)
-                    old = torch.zeros(g.response_ids.shape, device=g.response_ids.device)
-                    scored[a] = PPOTurn(at, old_logprobs=old, old_deferred=True)
-                    continue
-                if g.sampled_logprobs is not None:  # recorded while sampling (_old_logprobs_from_sampler)
-                    old = g.sampled_logprobs
-                else:
-                    old = _chunked(
-                        lambda s: team.logprobs(
-                            a, g.query_ids[s], g.query_mask[s], g.response_ids[s], g.response_mask[s], temp
-                        )[0],
-                        len(at.episode_ids),
-                        chunk,
-                    )
-                scored[a] = st = PPOTurn(at, old_logprobs=old)
-                if args.kl_coef != 0 and team.has_reference(a):
-                    ref = _chunked(
-                        lambda s: team.logprobs(
-                            a,
-                            g.query_ids[s],
-                            g.query_mask[s],
-                            g.response_ids[s],
-                            g.response_mask[s],
-                            temp,
-                            reference=True,
-                        )[0],
-                        len(at.episode_ids),
-                        chunk,
-                    )
-                    st.ref_logprobs = ref
-                    st.kl = alg.kl_per_token(old, ref, args.kl_estimator).masked_fill(~g.response_mask, 0)
+                    rewards[at.episode_ids, t, i] -= args.missing_eos_penalty * (~at.gen.ended).float().cpu()
+                scored[a] = st = self._scored_turn(a, at, defer)
+                if st.kl is not None:
                     kl_seq[at.episode_ids, t, i] = st.kl.sum(-1).cpu()
-                logp_seq[at.episode_ids, t, i] = old.sum(-1).cpu()
+                if not defer:
+                    logp_seq[at.episode_ids, t, i] = st.old_logprobs.sum(-1).cpu()
             turns.append(scored)
         scores = rewards.clone()  # environment reward after the EOS penalty, before KL
         cbs = self.critic.batches(roll)
-        if token:
+        if args.advantage_level == "token":
             advantages = self._token_advantages(turns, cbs, scores)
         else:
             advantages = self._turn_advantages(roll, cbs, rewards - args.kl_coef * kl_seq)
         for t, scored in enumerate(turns):
             for a, st in scored.items():
                 st.advantages = advantages.advantages[t][a]
-        ep_return = (roll.rewards * roll.turn_mask.unsqueeze(-1)).sum(1)  # (E, n)
+        metrics = self._scoring_metrics(roll, scores, kl_seq, None if defer else logp_seq)
+        return ScoredRollout(roll, turns, cbs, advantages, metrics)
+
+    def _scored_turn(self, a: str, at, defer: bool) -> PPOTurn:
+        """One agent's turn with its old and reference log-probs and per-token KL (no advantages yet)."""
+        g = at.gen
+        if defer:  # filled row by row by the update's own forward (see _defer_old_logprobs)
+            old = torch.zeros(g.response_ids.shape, device=g.response_ids.device)
+            return PPOTurn(at, old_logprobs=old, old_deferred=True)
+        old, ref = self._old_and_ref_logprobs(a, at)
+        if ref is None:
+            return PPOTurn(at, old_logprobs=old)
+        kl = alg.kl_per_token(old, ref, self.args.kl_estimator).masked_fill(~g.response_mask, 0)
+        return PPOTurn(at, old_logprobs=old, ref_logprobs=ref, kl=kl)
+
+    def _old_and_ref_logprobs(self, a: str, at) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The sampling policy's log-probs of the turn's tokens (recorded while sampling when
+        `_old_logprobs_from_sampler`, else a scoring forward) and the reference's (None without a KL term)."""
+        g = at.gen
+        old = g.sampled_logprobs if g.sampled_logprobs is not None else self.chunked_logprobs(a, g)
+        if self.args.kl_coef == 0 or not self.team.has_reference(a):
+            return old, None
+        return old, self.chunked_logprobs(a, g, reference=True)
+
+    def _scoring_metrics(self, roll: Rollout, scores, kl_seq, logp_seq) -> dict:
+        """The batch's objective (TRL PPO's names) and the episode metrics; entropy is None while the old log-probs
+        are deferred (`training_iteration` fills it after the update)."""
+        kl_coef, played = self.args.kl_coef, roll.turn_mask.unsqueeze(-1)
         metrics = {
             "objective/kl": float(kl_seq.sum((1, 2)).mean()),
-            "objective/entropy": None if defer else float((-logp_seq).sum((1, 2)).mean()),
-            "objective/non_score_reward": float((-args.kl_coef * kl_seq).sum((1, 2)).mean()),
-            "objective/scores": float((scores * roll.turn_mask.unsqueeze(-1)).sum(1).mean()),
-            "objective/rlhf_reward": float(
-                (scores * roll.turn_mask.unsqueeze(-1)).sum(1).mean() - args.kl_coef * kl_seq.sum((1, 2)).mean()
-            ),
-            "objective/turns": float(roll.turn_mask.float().sum(1).mean()),
-            "val/num_eos_tokens": float(sum(sum(num_eos[a]) for a in names)),
+            "objective/entropy": None if logp_seq is None else float((-logp_seq).sum((1, 2)).mean()),
+            "objective/non_score_reward": float((-kl_coef * kl_seq).sum((1, 2)).mean()),
+            "objective/scores": float((scores * played).sum(1).mean()),
+            "objective/rlhf_reward": float((scores * played).sum(1).mean() - kl_coef * kl_seq.sum((1, 2)).mean()),
         }
-        for i, a in enumerate(names):
-            metrics[f"{a}/objective/scores"] = float(ep_return[:, i].mean())
+        agent_scores = (roll.rewards * played).sum(1)  # (E, n): the env's rewards, before the EOS penalty
+        metrics.update(self._episode_metrics(agent_scores, float(roll.turn_mask.float().sum(1).mean()), roll.turns))
+        for i, a in enumerate(self.team.names):
             metrics[f"{a}/objective/kl"] = float(kl_seq[:, :, i].sum(1).mean())
-            metrics[f"{a}/response_length"] = sum(response_length[a]) / len(response_length[a])
-        comps = getattr(self.env, "last_reward_components", None) or {}
-        for name, value in comps.items():
-            metrics[f"rewards/{name}"] = float(value.float().mean())
-        return ScoredRollout(roll, turns, cbs, advantages, metrics)
+        return metrics
 
     def _turn_advantages(self, roll: Rollout, cbs: list[CriticBatch], rewards: torch.Tensor) -> PPOAdvantages:
         """Turn-level GAE: each completion is one action valued at the end of its view."""
@@ -457,7 +440,7 @@ class MultiAgentPPOTrainer(TeamTrainerBase):
     def _policy_loss(self, a: str, st: PPOTurn, rows: torch.Tensor, logs) -> torch.Tensor:
         args = self.args
         g = st.gen
-        temp = args.logprob_temperature
+        temp = self.loss_temperature()
         mask = g.response_mask[rows]
         new, ent = self.team.logprobs(
             a, g.query_ids[rows], g.query_mask[rows], g.response_ids[rows], mask, temp, with_entropy=True

@@ -7,8 +7,10 @@ parses the same flags, and adds the critic layout and the update rule.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Annotated
 
 from ..critics import check_critic_config
+from ..ranges import ABOVE_0, AT_LEAST_0, AT_LEAST_1, UNIT
 from .team_config import TeamConfig
 
 # One word selects the paper's reference update rule (comlrl 1.3.2). Every key here is a field of the config;
@@ -143,19 +145,21 @@ class MultiAgentPPOConfig(TeamConfig):
     ref_adapter_name: str | None = field(
         default=None, metadata={"help": "Name of the reference PEFT adapter, when using LoRA with multiple adapters."}
     )
-    num_ppo_epochs: int = field(default=4, metadata={"help": "Number of epochs to train."})
+    num_ppo_epochs: Annotated[int, AT_LEAST_1] = field(default=4, metadata={"help": "Number of epochs to train."})
     whiten_rewards: bool = field(default=False, metadata={"help": "Whether to whiten the rewards."})
-    kl_coef: float = field(default=0.05, metadata={"help": "KL coefficient."})
+    kl_coef: Annotated[float, AT_LEAST_0] = field(default=0.05, metadata={"help": "KL coefficient."})
     kl_estimator: str = field(
         default="k1",
         metadata={"help": "KL estimator: 'k1' (unbiased, high variance) or 'k3' (unbiased, lower variance)."},
     )
-    cliprange: float | None = field(default=0.2, metadata={"help": "Clip range (None: no clipping)."})
-    vf_coef: float = field(default=0.1, metadata={"help": "Value function coefficient."})
-    cliprange_value: float | None = field(
+    cliprange: Annotated[float | None, ABOVE_0] = field(
+        default=0.2, metadata={"help": "Clip range (None: no clipping)."}
+    )
+    vf_coef: Annotated[float, AT_LEAST_0] = field(default=0.1, metadata={"help": "Value function coefficient."})
+    cliprange_value: Annotated[float | None, ABOVE_0] = field(
         default=0.2, metadata={"help": "Clip range for the value function (None: no clipping)."}
     )
-    lam: float = field(default=0.95, metadata={"help": "Lambda value for GAE."})
+    lam: Annotated[float, UNIT] = field(default=0.95, metadata={"help": "Lambda value for GAE."})
 
     # ------------------------------------------------------------------ the critic
     critic_type: str = field(
@@ -204,7 +208,7 @@ class MultiAgentPPOConfig(TeamConfig):
             )
         },
     )
-    critic_learning_rate: float | None = field(
+    critic_learning_rate: Annotated[float | None, AT_LEAST_0] = field(
         default=None, metadata={"help": "Learning rate of the critic parameters (default: learning_rate)."}
     )
     critic_updates: str = field(
@@ -236,7 +240,7 @@ class MultiAgentPPOConfig(TeamConfig):
         default="agent_turn",
         metadata={"help": "Where advantages are whitened: 'agent_turn', 'agent', 'batch' or 'none'."},
     )
-    advantage_norm_std_floor: float | None = field(
+    advantage_norm_std_floor: Annotated[float | None, ABOVE_0] = field(
         default=None,
         metadata={
             "help": (
@@ -283,15 +287,8 @@ class MultiAgentPPOConfig(TeamConfig):
 
     def _validate(self):
         super()._validate()
-        check_critic_config(self)  # the critic package knows its registered types and placements
+        self.check_advantage_level()  # runs check_critic_config: the critic package knows its types and placements
         self._check_choices(_CHOICES, optional=("advantage_level",))
-        if self.num_ppo_epochs < 1:
-            raise ValueError(f"`num_ppo_epochs` must be >= 1, got {self.num_ppo_epochs}.")
-        if not 0.0 <= self.lam <= 1.0:
-            raise ValueError(f"`lam` must be in [0, 1], got {self.lam}.")
-        if self.cliprange is not None and self.cliprange <= 0:
-            raise ValueError(f"`cliprange` must be > 0 or None, got {self.cliprange}.")
-        self.check_advantage_level()
         if self.policy_loss_type == "reinforce" and self.num_ppo_epochs > 1:
             raise ValueError(
                 "`policy_loss_type='reinforce'` is on-policy (no ratio); set `num_ppo_epochs=1` or use "

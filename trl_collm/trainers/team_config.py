@@ -14,11 +14,12 @@ import math
 import os
 import sys
 from dataclasses import dataclass, field, fields
+from typing import Annotated
 
 from trl.trainer.base_config import _BaseConfig
 
 from ..names import check_agent_names
-from ..ranges import check_numeric_fields
+from ..ranges import ABOVE_0, ANY, AT_LEAST_0, AT_LEAST_1, UNIT, UNIT_OPEN_BOTTOM, check_numeric_fields
 from .supported_args import check_training_arguments
 
 # The choices of the shared fields (each trainer's config adds its own).
@@ -198,57 +199,65 @@ class TeamConfig(_BaseConfig):
         else "trl_collm",
         metadata={"help": "Name of this experiment."},
     )
-    learning_rate: float = field(
+    learning_rate: Annotated[float, AT_LEAST_0] = field(
         default=3e-6, metadata={"help": "Learning rate (actors; critics too unless `critic_learning_rate`)."}
     )
     run_name: str | None = field(default=None, metadata={"help": "Name of the run."})
-    dataset_num_proc: int | None = field(
+    dataset_num_proc: Annotated[int | None, AT_LEAST_1] = field(
         default=None, metadata={"help": "Number of processes to use for processing the dataset."}
     )
-    num_mini_batches: int = field(default=1, metadata={"help": "Number of minibatches to split a batch into."})
-    total_episodes: int | None = field(
+    num_mini_batches: Annotated[int, AT_LEAST_1] = field(
+        default=1, metadata={"help": "Number of minibatches to split a batch into."}
+    )
+    total_episodes: Annotated[int | None, AT_LEAST_1] = field(
         default=None,
         metadata={
             "help": "Total number of episodes in the dataset. Defaults to num_train_epochs * len(train_dataset)."
         },
     )
-    local_rollout_forward_batch_size: int = field(
+    local_rollout_forward_batch_size: Annotated[int, AT_LEAST_1] = field(
         default=64, metadata={"help": "Per rank no grad forward pass in the rollout phase."}
     )
-    num_sample_generations: int = field(
+    num_sample_generations: Annotated[int, AT_LEAST_0] = field(
         default=10,
         metadata={
             "help": "Number of debugging samples generations (i.e., `generate_completions` calls) throughout training."
         },
     )
-    response_length: int = field(default=53, metadata={"help": "Length of the response (max new tokens)."})
+    response_length: Annotated[int, AT_LEAST_1] = field(
+        default=53, metadata={"help": "Length of the response (max new tokens)."}
+    )
     stop_token: str | None = field(
         default=None, metadata={"help": "Specifies the stop token to use for text generation. Only 'eos' is supported."}
     )
-    stop_token_id: int | None = field(
+    stop_token_id: Annotated[int | None, AT_LEAST_0] = field(
         default=None, metadata={"help": "Specifies the ID of the stop token to use for text generation."}
     )
-    temperature: float = field(default=0.7, metadata={"help": "Sampling temperature."})
-    missing_eos_penalty: float | None = field(
+    temperature: Annotated[float, ABOVE_0] = field(default=0.7, metadata={"help": "Sampling temperature."})
+    missing_eos_penalty: Annotated[float | None, ANY] = field(
         default=None,
         metadata={"help": "Penalty subtracted from the score of responses that do not end with the stop/EOS token."},
     )
-    num_total_batches: int | None = field(
+    num_total_batches: Annotated[int | None, AT_LEAST_1] = field(
         default=None, metadata={"help": "Number of total PPO batches (computed at runtime)."}
     )
-    micro_batch_size: int | None = field(
+    micro_batch_size: Annotated[int | None, AT_LEAST_1] = field(
         default=None, metadata={"help": "Micro batch size across devices (computed at runtime)."}
     )
-    local_batch_size: int | None = field(default=None, metadata={"help": "Batch size per GPU (computed at runtime)."})
-    batch_size: int | None = field(default=None, metadata={"help": "Batch size across devices (computed at runtime)."})
-    local_mini_batch_size: int | None = field(
+    local_batch_size: Annotated[int | None, AT_LEAST_1] = field(
+        default=None, metadata={"help": "Batch size per GPU (computed at runtime)."}
+    )
+    batch_size: Annotated[int | None, AT_LEAST_1] = field(
+        default=None, metadata={"help": "Batch size across devices (computed at runtime)."}
+    )
+    local_mini_batch_size: Annotated[int | None, AT_LEAST_1] = field(
         default=None, metadata={"help": "Mini batch size per GPU (computed at runtime)."}
     )
-    mini_batch_size: int | None = field(
+    mini_batch_size: Annotated[int | None, AT_LEAST_1] = field(
         default=None, metadata={"help": "Mini batch size across GPUs (computed at runtime)."}
     )
     push_to_hub: bool = field(default=False, metadata={"help": "Whether to push the model to the Hub after training."})
-    gamma: float = field(default=1.0, metadata={"help": "Discount factor."})
+    gamma: Annotated[float, UNIT] = field(default=1.0, metadata={"help": "Discount factor."})
     ds3_gather_for_generation: bool = field(
         default=True,
         metadata={
@@ -313,11 +322,11 @@ class TeamConfig(_BaseConfig):
         default="colocate",
         metadata={"help": "'colocate' (the engine runs in the training process); 'server' is refused for teams."},
     )
-    vllm_gpu_memory_utilization: float = field(
+    vllm_gpu_memory_utilization: Annotated[float, UNIT_OPEN_BOTTOM] = field(
         default=0.3,
         metadata={"help": "Fraction of the GPU's memory the colocated engine takes (weights and KV cache)."},
     )
-    vllm_max_model_length: int | None = field(
+    vllm_max_model_length: Annotated[int | None, AT_LEAST_1] = field(
         default=None, metadata={"help": "The engine's context window (prompt plus response); default: the model's."}
     )
     vllm_enable_sleep_mode: bool = field(
@@ -341,15 +350,15 @@ class TeamConfig(_BaseConfig):
         default="sequence_mask",
         metadata={"help": "'token_truncate', 'token_mask', 'sequence_truncate' or 'sequence_mask'."},
     )
-    vllm_importance_sampling_clip_max: float | None = field(
+    vllm_importance_sampling_clip_max: Annotated[float | None, ABOVE_0] = field(
         default=3.0, metadata={"help": "Upper bound of the importance-sampling ratio (None: no upper bound)."}
     )
-    vllm_importance_sampling_clip_min: float | None = field(
+    vllm_importance_sampling_clip_min: Annotated[float | None, AT_LEAST_0] = field(
         default=None,
         metadata={"help": "Lower bound of the importance-sampling ratio (None: 0 for truncate, none for mask modes)."},
     )
 
-    max_prompt_length: int | None = field(
+    max_prompt_length: Annotated[int | None, AT_LEAST_1] = field(
         default=None,
         metadata={
             "help": (
@@ -376,10 +385,10 @@ class TeamConfig(_BaseConfig):
         default=None,
         metadata={"help": "Names of the agents (used in logs, folders, cards). Defaults to agent_0..agent_{n-1}."},
     )
-    num_agents: int | None = field(
+    num_agents: Annotated[int | None, AT_LEAST_1] = field(
         default=None, metadata={"help": "Number of agents when `model` is one path or model to replicate."}
     )
-    num_turns: int = field(default=1, metadata={"help": "Maximum number of turns per episode."})
+    num_turns: Annotated[int, AT_LEAST_1] = field(default=1, metadata={"help": "Maximum number of turns per episode."})
     agent_context: str = field(
         default="observation",
         metadata={
@@ -389,8 +398,12 @@ class TeamConfig(_BaseConfig):
             )
         },
     )
-    top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling for generation."})
-    top_k: int | None = field(default=None, metadata={"help": "Top-k sampling for generation (None or 0: off)."})
+    top_p: Annotated[float, UNIT_OPEN_BOTTOM] = field(
+        default=1.0, metadata={"help": "Nucleus sampling for generation."}
+    )
+    top_k: Annotated[int | None, AT_LEAST_1] = field(
+        default=None, metadata={"help": "Top-k sampling for generation (None or 0: off)."}
+    )
     scale_logits_by_temperature: bool = field(
         default=True,
         metadata={"help": "Compute log-probs from logits / temperature (TRL PPO) or from raw logits (reference code)."},
@@ -407,7 +420,7 @@ class TeamConfig(_BaseConfig):
             )
         },
     )
-    early_termination_threshold: float | None = field(
+    early_termination_threshold: Annotated[float | None, ANY] = field(
         default=None, metadata={"help": "End an episode early once the mean reward of a turn exceeds this value."}
     )
 
@@ -435,7 +448,7 @@ class TeamConfig(_BaseConfig):
     )
 
     # ------------------------------------------------------------------ safety
-    max_nonfinite_steps: int = field(
+    max_nonfinite_steps: Annotated[int, AT_LEAST_1] = field(
         default=3,
         metadata={
             "help": (
@@ -506,12 +519,6 @@ class TeamConfig(_BaseConfig):
         """Whether a reference policy is needed (a KL term)."""
         return False
 
-    @property
-    def logprob_temperature(self) -> float:
-        """What every log-prob (old, reference, new, the sampler's) divides the logits by: `temperature`, or 1 with
-        `scale_logits_by_temperature=False` (raw logits, as the reference code)."""
-        return self.temperature if self.scale_logits_by_temperature else 1.0
-
     def _check_choices(self, choices: dict, optional: tuple = ()) -> None:
         for name, allowed in choices.items():
             value = getattr(self, name)
@@ -521,12 +528,8 @@ class TeamConfig(_BaseConfig):
                 raise ValueError(f"`{name}`={value!r} is not valid; choose one of {list(allowed)}.")
 
     def _validate(self):
+        # Numeric ranges were checked before this (ranges.check_numeric_fields); what is left relates fields.
         self._check_choices(TEAM_CHOICES)
-        for name in ("num_turns", "num_mini_batches", "response_length", "local_rollout_forward_batch_size"):
-            if int(getattr(self, name)) < 1:
-                raise ValueError(f"`{name}` must be >= 1, got {getattr(self, name)}.")
-        if self.num_agents is not None and self.num_agents < 1:
-            raise ValueError(f"`num_agents` must be >= 1, got {self.num_agents}.")
         if self.agent_names is not None:
             check_agent_names(self.agent_names)
             if self.num_agents is not None and self.num_agents != len(self.agent_names):
@@ -534,10 +537,6 @@ class TeamConfig(_BaseConfig):
                     f"`num_agents`={self.num_agents} but `agent_names` has {len(self.agent_names)} names; drop one "
                     "of them or make them agree."
                 )
-        if not 0.0 <= self.gamma <= 1.0:
-            raise ValueError(f"`gamma` must be in [0, 1], got {self.gamma}.")
-        if self.temperature <= 0:
-            raise ValueError(f"`temperature` must be > 0, got {self.temperature}.")
         if self.stop_token is not None and self.stop_token != "eos":
             raise ValueError(f"`stop_token`={self.stop_token!r}: only 'eos' is supported (or set `stop_token_id`).")
         if self.use_vllm:

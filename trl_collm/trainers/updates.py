@@ -1,0 +1,218 @@
+"""The update half of a trainer: the optimizer over per-module parameter groups, gradient clipping, and the update
+schedule (epochs x minibatches of played (episode, turn) pairs -> optimizer steps, each accumulated over
+micro-batches, with the non-finite guard), and the importance-sampling weights the losses apply to vLLM-sampled rows.
+A trainer implements one hook, `step_losses`.
+
+`TeamUpdates` is mixed into `TeamTrainerBase`; it uses the trainer's `args`, `team`, `critic`, `accelerator`,
+`optimizer`, `lr_scheduler`, `callback_handler`, `state`, `control` and `nonfinite_steps`.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections import defaultdict
+
+import torch
+from transformers import Trainer
+
+from .. import algorithms as alg
+from ..numerics import gradients_finite
+from . import distributed
+
+
+class TeamUpdates:
+    # ------------------------------------------------------------------ optimizer
+    def param_groups(self) -> list[dict]:
+        """One group per agent and per critic, so learning rates (and clipping) can differ by module."""
+        args = self.args
+        seen, groups = set(), []
+
+        def add(name, params, lr):
+            params = [p for p in params if p.requires_grad and id(p) not in seen]
+            seen.update(id(p) for p in params)
+            if params:
+                groups.append({"params": params, "lr": lr, "name": name})
+
+        for a in self.team.names:
+            add(a, self.team.agent_parameters(a), args.learning_rate)
+        if self.critic is not None:
+            for key, params in self.critic.unit_parameters().items():
+                add(f"critic/{key}", params, args.critic_learning_rate or args.learning_rate)
+        return groups
+
+    def create_optimizer(self, model=None):
+        """`optim` through transformers' optimizer factory (its class and keyword arguments: lr, betas, eps,
+        optim_args), over `param_groups()`; `weight_decay` applies to every trained parameter."""
+        if self.optimizer is None:
+            args = self.args
+            optimizer_cls, kwargs = Trainer.get_optimizer_cls_and_kwargs(args)
+            kwargs = dict(kwargs)
+            if "weight_decay" in inspect.signature(optimizer_cls).parameters:
+                kwargs.setdefault("weight_decay", args.weight_decay)
+            self.optimizer = optimizer_cls(self.param_groups(), **kwargs)
+        return self.optimizer
+
+    def _clip_gradients(self, agents: list[str]):
+        args = self.args
+        if args.max_grad_norm is None or args.max_grad_norm <= 0:
+            return
+        if args.grad_clip_scope == "global":
+            params = [p for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
+            self.accelerator.clip_grad_norm_(params, args.max_grad_norm)
+            return
+        modules = [self.team.agent_parameters(a) for a in agents]
+        if self.critic is not None:
+            modules += self.critic.parameters_for(agents)
+        for params in modules:
+            params = [p for p in params if p.grad is not None]
+            if params:
+                torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm)
+
+    # ------------------------------------------------------------------ update schedule (shared by the trainers)
+    def run_updates(self, scored, pairs: torch.Tensor, epochs: int, per_agent: bool) -> dict:
+        """Optimizer steps over the played (episode, turn) `pairs` of `scored` (a trainer's scored batch, whose
+        `turns[t][agent]` are `ScoredTurn`s).
+
+        joint: per epoch, shuffle the pairs, split them into `num_mini_batches`, one step each for every agent.
+        per_agent: the reference codes' schedule: for each agent, for each turn, for each minibatch, one step.
+        """
+        args, names = self.args, self.team.names
+        logs = defaultdict(list)
+        for _ in range(epochs):
+            if not per_agent:
+                for mb in _split(pairs[torch.randperm(len(pairs))], args.num_mini_batches):
+                    self._step(scored, mb, names, logs)
+                continue
+            for a in names:
+                for t in range(len(scored.turns)):
+                    sel = pairs[pairs[:, 1] == t]
+                    for mb in _split(sel[torch.randperm(len(sel))], args.num_mini_batches):
+                        self._step(scored, mb, [a], logs)
+        return logs
+
+    def _step(self, scored, pairs: torch.Tensor, agents: list[str], logs):
+        """One optimizer step on a minibatch of (episode, turn) pairs, micro-batched by per_device_train_batch_size."""
+        micro = self.micro_batch_rows()
+        if self.is_deepspeed_enabled:
+            # One engine.step() per minibatch: every backward below only accumulates (distributed.engine_backward);
+            # DeepSpeed reduces the gradients across ranks and clips the global norm (max_grad_norm) in step().
+            # ZeRO checks the reduced gradients for NaN/inf itself and skips such a step (engine.skipped_steps);
+            # `_accumulate` turns a non-finite loss into NaN gradients so that it is skipped the same way.
+            with distributed.engine_backward(self) as engine:
+                losses_finite = self._accumulate(scored, pairs, agents, logs, micro)
+                distributed.release_gathered(self)  # no gathered copy may outlive the step that updates the shards
+                skipped_before = engine.skipped_steps
+                self.control = self.callback_handler.on_pre_optimizer_step(self.args, self.state, self.control)
+                engine.step()
+            if engine.skipped_steps > skipped_before:
+                self.nonfinite_steps.skipped("loss" if not losses_finite else "gradients")
+                return
+            self.nonfinite_steps.stepped()
+            self.control = self.callback_handler.on_optimizer_step(self.args, self.state, self.control)
+            if self.lr_scheduler is not None:
+                self.lr_scheduler.step()
+            return
+        self.optimizer.zero_grad(set_to_none=True)
+        losses_finite = self._accumulate(scored, pairs, agents, logs, micro)
+        distributed.average_gradients(self)  # several processes without DeepSpeed; no-op in one process
+        params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        # After averaging every rank holds the same gradients; only the loss flag is local, so ranks agree on it.
+        if distributed.on_any_rank(self, not losses_finite) or not gradients_finite(params):
+            # A non-finite number never reaches the weights: drop this step's gradients, keep the optimizer state.
+            self.optimizer.zero_grad(set_to_none=True)
+            self.nonfinite_steps.skipped("loss" if not losses_finite else "gradients")
+            return
+        self.nonfinite_steps.stepped()
+        self._clip_gradients(agents)
+        self.control = self.callback_handler.on_pre_optimizer_step(self.args, self.state, self.control)
+        self.optimizer.step()
+        self.control = self.callback_handler.on_optimizer_step(self.args, self.state, self.control)
+        if self.lr_scheduler is not None:
+            self.lr_scheduler.step()
+
+    def micro_batch_rows(self) -> int:
+        """(row, turn) pairs per forward/backward part of an optimizer step: PPO's rows are episodes, so
+        `per_device_train_batch_size` of them (TRL's PPO micro-batch)."""
+        return max(1, self.args.per_device_train_batch_size)
+
+    def _accumulate(self, scored, pairs: torch.Tensor, agents: list[str], logs, micro: int):
+        """The backward passes of one `_step` (gradients accumulate; no optimizer step here); returns whether every
+        loss was finite.
+
+        Each loss `step_losses` yields is backpropagated before the next is computed: with LoRA agents on one base
+        the active adapter changes between losses, and activation checkpointing must recompute with the adapter that
+        was active."""
+        finite = True
+        # (transformers' Trainer leaves accelerate's gradient_accumulation_steps at 1, so `accelerator.backward` does
+        # not divide: the weights below alone make the minibatch mean over all its micro-batches.)
+        parts = pairs.split(micro)
+        for k, mpairs in enumerate(parts):
+            weight = len(mpairs) / len(pairs)  # micro losses are means; weight them to the minibatch mean
+            for loss, rows in self.step_losses(scored, mpairs, agents, logs):
+                # Backpropagated even when non-finite, so that every rank runs the same collectives; the step is
+                # then dropped by `_step`.
+                finite_here = bool(torch.isfinite(loss.detach()).all())
+                finite = finite and finite_here
+                if not finite_here and self.is_deepspeed_enabled:
+                    # ZeRO skips a step only for non-finite gradients, and an infinite loss can have finite ones:
+                    # NaN gradients here make every rank's ZeRO skip this step (the reduced gradients carry them).
+                    loss = loss * float("nan")
+                # Scaled in this order (tensor * weight * rows / n), as before: another grouping rounds differently.
+                self.accelerator.backward(loss * weight * rows / len(mpairs))
+                distributed.release_gathered(self)  # ZeRO-3: the models this loss gathered, now that it is done
+            if k < len(parts) - 1:  # transformers' event for an accumulation step that is not an optimizer step
+                self.control = self.callback_handler.on_substep_end(self.args, self.state, self.control)
+        return finite
+
+    def step_losses(self, scored, mpairs: torch.Tensor, agents: list[str], logs):
+        """The losses of one micro-batch of (episode, turn) pairs for the `agents` being updated: yields
+        (loss, rows), a mean over `rows` of the micro-batch's pairs (the base weights it by rows / len(mpairs)).
+        Append what to log to `logs[key]`. The one hook a trainer implements for its update."""
+        raise NotImplementedError
+
+    def importance_weights(self, agent: str, gen, rows, trainer_logprobs, mask, logs):
+        """The importance-sampling correction's (B, L) weights for rows sampled by vLLM (`vllm_importance_sampling_*`,
+        algorithms.importance_sampling_weights), or None when it does not apply. `trainer_logprobs`: the trainer's
+        log-probs of the sampled tokens under the weights that sampled them (PPO's old log-probs). Logs the
+        engine-vs-trainer log-prob gap and the mean weight."""
+        args = self.args
+        if not getattr(args, "use_vllm", False) or gen.engine_logprobs is None:
+            return None
+        engine = gen.engine_logprobs[rows].to(trainer_logprobs.device)
+        m = mask.bool()
+        gap = (trainer_logprobs.detach() - engine).abs()
+        logs["vllm/logprob_gap_mean"].append(float(alg.masked_mean(gap, m)))
+        logs["vllm/logprob_gap_max"].append(float(gap.masked_fill(~m, 0).max()) if m.any() else 0.0)
+        if not args.vllm_importance_sampling_correction:
+            return None
+        weights = alg.importance_sampling_weights(
+            trainer_logprobs.detach(),
+            engine,
+            m,
+            args.vllm_importance_sampling_mode,
+            args.vllm_importance_sampling_clip_min,
+            args.vllm_importance_sampling_clip_max,
+        )
+        logs["vllm/is_weight_mean"].append(float(alg.masked_mean(weights, m)))
+        logs[f"{agent}/vllm/is_weight_mean"].append(logs["vllm/is_weight_mean"][-1])
+        return weights
+
+    @staticmethod
+    def agent_rows(turns, mpairs: torch.Tensor, agents: list[str]):
+        """Yields (agent, scored turn, local rows) for every agent and turn that `mpairs` touches."""
+        for a in agents:
+            for t in mpairs[:, 1].unique().tolist():
+                st = turns[t][a]
+                rows = _rows_of(st.episode_ids, mpairs[mpairs[:, 1] == t][:, 0])
+                if len(rows):
+                    yield a, st, rows
+
+
+def _rows_of(episode_ids: torch.Tensor, wanted: torch.Tensor) -> torch.Tensor:
+    """Local row indices of `episode_ids` whose episode is in `wanted`."""
+    return torch.isin(episode_ids, wanted).nonzero().flatten()
+
+
+def _split(x: torch.Tensor, parts: int) -> list[torch.Tensor]:
+    parts = max(1, min(parts, len(x)))
+    return [c for c in torch.tensor_split(x, parts) if len(c)]
