@@ -62,7 +62,7 @@ def load_old(rev: str):
 def judges(old):
     """name -> judge(row) running the canonical solution; every judge returns (passed, total)."""
     from trl_collm.sandbox import run_tests
-    from trl_collm.tasks.code import _split_prompt
+    from trl_collm.tasks.code_program import _split_prompt
 
     def new_judge(row):
         preamble, _ = _split_prompt(row["prompt"], row["entry_point"])
@@ -144,7 +144,8 @@ def iteration(old, iterations: int, batch: int) -> dict:
 
     import trl_collm.tasks.code as code_task
     from trl_collm import MultiAgentPPOConfig, MultiAgentPPOTrainer
-    from trl_collm.tasks.code import CodeEnv, _signature, _split_prompt, load_humaneval
+    from trl_collm.tasks.code import CodeEnv, load_humaneval
+    from trl_collm.tasks.code_program import _signature, _split_prompt
     from trl_collm.testing import tiny_model_dir
 
     torch.set_num_threads(1)

@@ -31,9 +31,9 @@ def main():
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from trl_collm import algorithms as alg
+    from trl_collm.modeling import left_pad
     from trl_collm.models import smollm2_135m_instruct
     from trl_collm.sampling import SamplingSettings
-    from trl_collm.team import _left_pad
     from trl_collm.vllm_backend import VLLMBackend
 
     path = smollm2_135m_instruct()
@@ -42,7 +42,7 @@ def main():
     questions = [f"Write step {i} of a plan to build a small wooden house." for i in range(a.rows)]
     rows = [tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True) for q in questions]
     rows = [list(r["input_ids"]) if hasattr(r, "keys") else list(r) for r in rows]
-    ids, mask = _left_pad(rows, tok.pad_token_id, "cpu")
+    ids, mask = left_pad(rows, tok.pad_token_id, "cpu")
     settings = SamplingSettings(max_new_tokens=a.tokens, temperature=a.temperature)
     backend = VLLMBackend()
     torch.manual_seed(0)

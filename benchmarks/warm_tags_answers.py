@@ -30,7 +30,7 @@ KINDS = ("own", "teammate", "both", "another tag", "no tag")
 def answer_kinds(rows, texts) -> dict[str, Counter]:
     """Per tagger, a count of its answers by kind; `texts[k][i]` is tagger i's answer to rows[k]."""
     from trl_collm.tasks import get_task
-    from trl_collm.tasks.tags import AGENT_NAMES, _words, tags_of  # (importing it registers the task)
+    from trl_collm.tasks.tags import AGENT_NAMES, tags_of, word_set  # (importing it registers the task)
 
     task = get_task("writing-tags")
     known = {t for split in ("train", "eval") for r in task.load_dataset(split) for t in tags_of(r).values()}
@@ -38,7 +38,7 @@ def answer_kinds(rows, texts) -> dict[str, Counter]:
     for row, answers in zip(rows, texts):
         tags = tags_of(row)
         for i, agent in enumerate(AGENT_NAMES):
-            words = _words(answers[i])
+            words = word_set(answers[i])
             own, mate = tags[agent] in words, tags[AGENT_NAMES[1 - i]] in words
             kind = "both" if own and mate else "own" if own else "teammate" if mate else None
             out[agent][kind or ("another tag" if words & known else "no tag")] += 1

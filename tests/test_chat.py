@@ -191,7 +191,8 @@ def test_code_task_turn_two_chat_form_is_the_conversation_so_far():
 
 # ------------------------------------------------------------------------------------------------ generation
 def _sampler(tok, model, max_new_tokens=16):
-    from trl_collm.sampling import Sampler, SamplingSettings, make_backend
+    from trl_collm.generation import make_backend
+    from trl_collm.sampling import Sampler, SamplingSettings
     from trl_collm.team import AgentTeam
 
     team = AgentTeam(["smol"], {"smol": tok}, policies={"smol": model})

@@ -9,7 +9,7 @@ import pytest
 from torch import nn
 
 from trl_collm.critics.layouts import CentralizedCritic
-from trl_collm.team import truncate_left
+from trl_collm.modeling import truncate_left
 from trl_collm.testing import build_tokenizer
 from trl_collm.views import centralized_view, fair_share
 

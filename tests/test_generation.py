@@ -18,8 +18,8 @@ import torch
 from datasets import Dataset
 from peft import LoraConfig
 
-from trl_collm.generation import ContinuousBatchingBackend, GenerateBackend
-from trl_collm.sampling import SamplingSettings, make_backend
+from trl_collm.generation import ContinuousBatchingBackend, GenerateBackend, make_backend
+from trl_collm.sampling import SamplingSettings
 
 # A small paged cache: transformers would otherwise size it from the machine's free RAM.
 CB_CONFIG = {"page_size": 16}
@@ -225,7 +225,7 @@ print({{"built": built, "trained": "deepspeed" in sys.modules}})
 
 
 def test_eval_and_play_flags_select_the_backend():
-    from trl_collm.cli import _eval_parser
+    from trl_collm.cli.evaluate import _eval_parser
 
     parser = _eval_parser("trl-collm play", play=True)
     base = ["--team_dir", "t", "--task", "coord-penalty"]

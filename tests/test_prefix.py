@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from trl_collm import prefix
+from trl_collm.modeling import left_pad
 from trl_collm.prefix import position_ids_from_mask
-from trl_collm.team import _left_pad
 
 INSTRUCTION = list(range(40, 70))  # 30 tokens every row starts with
 
@@ -61,7 +61,7 @@ def test_cost_model_takes_a_cut_only_when_the_saved_tokens_pay_for_the_extra_cal
 
 def _batch():
     rows = [INSTRUCTION + [100, 101, 102], INSTRUCTION + [110] * 7, INSTRUCTION + [120], INSTRUCTION[:24] + [130, 131]]
-    return _left_pad(rows, 0, "cpu")
+    return left_pad(rows, 0, "cpu")
 
 
 def test_split_finds_the_common_prefix_and_keeps_every_real_token_at_its_position():
@@ -87,7 +87,7 @@ def test_split_declines_when_it_would_not_pay():
     assert prefix.split_common_prefix(ids[:1], mask[:1], keep=2) is None  # one row: nothing to share
     # The kept tail may not reach into the prefix: the shortest row (26 tokens) leaves 26 - 20 = 6 < 16 prefix tokens.
     assert prefix.split_common_prefix(ids, mask, keep=20) is None
-    distinct = _left_pad([[5] * 20, [6] * 20], 0, "cpu")
+    distinct = left_pad([[5] * 20, [6] * 20], 0, "cpu")
     assert prefix.split_common_prefix(*distinct, keep=1) is None
     assert prefix.split_repeated_rows(*distinct, keep=1) is None  # no row repeats
     assert prefix.plan_split(*distinct, keep=1) is None
@@ -96,7 +96,7 @@ def test_split_declines_when_it_would_not_pay():
 def _repeated_batch():
     """Two prompts with no common prefix, each repeated as for G = 3 samples, with different responses."""
     a, b = list(range(100, 130)), list(range(140, 160))
-    ids, mask = _left_pad([a, b, a, b, a, b], 0, "cpu")
+    ids, mask = left_pad([a, b, a, b, a, b], 0, "cpu")
     return ids, mask
 
 

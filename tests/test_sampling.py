@@ -11,13 +11,12 @@ import pytest
 import torch
 
 from trl_collm import MultiAgentMCConfig, MultiAgentMCTrainer, MultiAgentPPOTrainer
-from trl_collm.generation import GenerateBackend
+from trl_collm.generation import GenerateBackend, make_backend
 from trl_collm.sampling import (
     BACKENDS,
     GenerationBackend,
     Sampler,
     SamplingSettings,
-    make_backend,
     register_backend,
 )
 
@@ -89,9 +88,9 @@ def test_backends_register_by_name_and_are_built_from_the_arguments(monkeypatch)
     assert isinstance(make_backend(None), GenerateBackend)
     built = make_backend(types.SimpleNamespace(local_rollout_forward_batch_size=3, share_prompt_prefix=False))
     assert (built.batch_size, built.share_prefix) == (3, False)
-    from trl_collm import sampling
+    from trl_collm import generation
 
-    monkeypatch.setattr(sampling, "backend_name", lambda args: "nope")
+    monkeypatch.setattr(generation, "backend_name", lambda args: "nope")
     with pytest.raises(ValueError, match=r"generation backend 'nope' is not available \(registered: "):
         make_backend(None)
     monkeypatch.undo()

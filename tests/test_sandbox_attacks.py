@@ -1418,7 +1418,7 @@ def _samples_json(host: Host, rows: dict) -> list[dict]:
         item = {k: v for k, v in s.items() if k not in ("expect", "cls")}
         if "task" in s:
             row = rows[s["task"]]
-            from trl_collm.tasks.code import _split_prompt
+            from trl_collm.tasks.code_program import _split_prompt
 
             preamble, _ = _split_prompt(row["prompt"], row["entry_point"])
             code = row["prompt"] + row["canonical_solution"] if s.get("canonical") else preamble + "\n" + s["code"]

@@ -17,13 +17,12 @@ from trl_collm.tasks import get_task  # noqa: E402
 from trl_collm.tasks.code import (  # noqa: E402
     MAX_SCORE,
     CodeEnv,
-    _signature,
-    _split_prompt,
     extract_code,
     feedback_text,
     load_humaneval,
     score_attempt,
 )
+from trl_collm.tasks.code_program import _signature, _split_prompt  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -22,8 +22,8 @@ except ImportError as e:  # pragma: no cover - depends on the venv
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
+from trl_collm.modeling import left_pad  # noqa: E402
 from trl_collm.sampling import SamplingSettings  # noqa: E402
-from trl_collm.team import _left_pad  # noqa: E402
 from trl_collm.vllm_backend import VLLMBackend  # noqa: E402
 
 QUESTIONS = ["What is 2 + 3?", "Name a red fruit.", "Say hello in French.", "What color is the sky?"]
@@ -45,7 +45,7 @@ def prompts(tokenizer):
         for q in QUESTIONS
     ]
     rows = [list(r["input_ids"]) if isinstance(r, dict) or hasattr(r, "keys") else list(r) for r in rows]
-    return _left_pad(rows, tokenizer.pad_token_id, "cpu")
+    return left_pad(rows, tokenizer.pad_token_id, "cpu")
 
 
 @pytest.fixture(scope="module")

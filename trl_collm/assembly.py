@@ -11,6 +11,7 @@ import os
 
 from torch import nn
 
+from .modeling import base_model_of
 from .models import resolve_model_name
 from .names import check_agent_names
 from .team import AgentTeam, freeze_copy
@@ -99,9 +100,7 @@ def load_causal_lm(source, init_kwargs: dict | None = None):
 
 
 def model_path(model) -> str | None:
-    if hasattr(model, "get_base_model"):
-        model = model.get_base_model()
-    path = getattr(getattr(model, "config", None), "_name_or_path", None)
+    path = getattr(getattr(base_model_of(model), "config", None), "_name_or_path", None)
     return path or None
 
 
@@ -172,7 +171,7 @@ class TeamModel(nn.Module):
         first = team.model_of(team.names[0])
         # transformers.Trainer reads `config` in a few places (model card, logging); the first agent's is
         # representative.
-        self.config = first.get_base_model().config if hasattr(first, "get_base_model") else first.config
+        self.config = base_model_of(first).config
 
     def forward(self, *args, **kwargs):  # pragma: no cover - the trainers call the team / critic directly
         raise RuntimeError("TeamModel is a container; call its team or critic.")

@@ -7,6 +7,7 @@ import os
 import re
 
 from .chat import agent_prompt
+from .modeling import base_model_of
 
 PAPER = "Liu, Chen, Amiri, Amato: CoLLM, multi-agent actor-critic for decentralized LLM collaboration (ICML 2026)"
 PAPER_URL = "https://arxiv.org/abs/2601.21972"
@@ -47,9 +48,7 @@ def base_models(trainer) -> dict[str, str | None]:
     out = {}
     for a in team.names:
         model = team.shared_base if team.layout == "shared_base" else team.model_of(a)
-        if hasattr(model, "get_base_model"):
-            model = model.get_base_model()
-        out[a] = getattr(getattr(model, "config", None), "_name_or_path", None) or None
+        out[a] = getattr(getattr(base_model_of(model), "config", None), "_name_or_path", None) or None
     return out
 
 

@@ -1,7 +1,7 @@
 """The built-in generation backends: how a batch of left-padded prompts becomes sampled tokens.
 
 Both implement `trl_collm.sampling.GenerationBackend` (the declared contract: `generate`, `weights_changed`, `close`)
-and are registered by name; `sampling.make_backend(args)` picks one from the trainer arguments. The `Sampler` hands
+and are registered by name; `make_backend(args)` (here) picks one from the trainer arguments. The `Sampler` hands
 every backend the same thing (one model, left-padded prompt ids and mask, the `SamplingSettings`) and gets the same
 thing back (the new tokens, right-padded with the pad id, and where the backend records them the sampler's
 log-probs). The rest of the pipeline (stop-token masks, decoding, log-probs) never knows which backend ran.
@@ -26,7 +26,8 @@ import weakref
 
 import torch
 
-from .sampling import GenerationBackend, Sampled, SamplingSettings, register_backend
+from .modeling import base_model_of
+from .sampling import BACKENDS, GenerationBackend, Sampled, SamplingSettings, register_backend
 
 # Generation-config settings that change the logits before a user's logits processor sees them (transformers runs
 # custom processors after these and before the sampling warpers: temperature, top-k, top-p). With any of them set, the
@@ -55,8 +56,7 @@ _LOGIT_CHANGING_SETTINGS = {
 def sampler_logits_are_the_models(model) -> bool:
     """Whether generate() samples from the model's own logits for `model` (no penalty or forced token in its
     generation config), so that the sampler's log-probs are the policy's."""
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-    config = getattr(inner, "generation_config", None)
+    config = getattr(base_model_of(model), "generation_config", None)
     if config is None:
         return True
     return all(getattr(config, key, None) in neutral for key, neutral in _LOGIT_CHANGING_SETTINGS.items())
@@ -238,7 +238,7 @@ class ContinuousBatchingBackend(GenerationBackend):
         from transformers.generation import ContinuousBatchingConfig
 
         # A PEFT model's LoRA layers live inside the wrapped transformers model, which owns generate_batch.
-        inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+        inner = base_model_of(model)
         base = inner.generation_config.to_dict() if getattr(inner, "generation_config", None) is not None else {}
         # Start from the model's generation config (as generate() does: its eos token when no stop token is set),
         # then the trainer's settings; `top_k=0` / `top_p=1.0` turn those filters off as they do in generate().
@@ -300,6 +300,26 @@ class ContinuousBatchingBackend(GenerationBackend):
                 + "; see the transformers log above, or set use_transformers_continuous_batching=False."
             )
         return [list(o.generated_tokens)[:max_new] for o in results]
+
+
+def backend_name(args) -> str:
+    """The backend the arguments ask for, by TRL's field names (`use_vllm`, `use_transformers_continuous_batching`)."""
+    if getattr(args, "use_vllm", False):
+        return "vllm"
+    if getattr(args, "use_transformers_continuous_batching", False):
+        return "continuous_batching"
+    return "generate"
+
+
+def make_backend(args=None) -> GenerationBackend:
+    """Build the backend the trainer config or command-line namespace asks for (HF generate() by default;
+    the built-ins above are registered by the time this module is imported)."""
+    from . import vllm_backend  # noqa: F401  (registers "vllm"; the vllm package itself is imported by an engine)
+
+    name = backend_name(args)
+    if name not in BACKENDS:
+        raise ValueError(f"generation backend {name!r} is not available (registered: {sorted(BACKENDS)}).")
+    return BACKENDS[name].from_config(args)
 
 
 _LIVE_BACKENDS: weakref.WeakSet = weakref.WeakSet()

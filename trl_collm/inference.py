@@ -13,8 +13,9 @@ import os
 
 import torch
 
+from .generation import make_backend
 from .rollout import run_episodes
-from .sampling import GenerationBackend, Sampler, SamplingSettings, make_backend
+from .sampling import GenerationBackend, Sampler, SamplingSettings
 from .saved_team import TEAM_FILE, load_team, read_team_file  # noqa: F401  (the saved-team format lives there)
 from .team import AgentTeam
 

@@ -39,6 +39,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from .modeling import base_model_of
+
 # A common prefix must be at least this long per row to be considered at all.
 MIN_PREFIX_TOKENS = 16
 # The expected-cost model (benchmarks/bench_prefix_cut.py; fit on CPU to the break-even points of two runs, forward +
@@ -240,8 +242,7 @@ def supports_prefix_cache(model: nn.Module) -> bool:
 
 def _cache_keyword(model: nn.Module) -> str:
     """transformers 5.24 renamed the forward's `past_key_values` to `cache` (5.23 knows only the old name)."""
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return _cache_keyword_of(type(inner))
+    return _cache_keyword_of(type(base_model_of(model)))
 
 
 @functools.cache

@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 import os
 
+from .tasks import call_with_supported
+
 
 def render_transcripts(
     task, options: dict, rows: list[dict], transcripts: list[dict], agent_names: list[str], out_dir: str
@@ -14,13 +16,11 @@ def render_transcripts(
     `<out_dir>/episode_<e>_turn_<t>.png` (turn 0: the empty world before the first answers). The environment is
     deterministic given the answers, so the replay is the episode that was played; a replayed reward that differs
     from the recorded one raises."""
-    from .cli import _call_with_supported
-
     os.makedirs(out_dir, exist_ok=True)
     paths = []
     for tr in transcripts:
         e = tr["episode"]
-        env = _call_with_supported(task.make_env, **options)
+        env = call_with_supported(task.make_env, **options)
         env.reset(rows[e])
         paths.append(
             env.render_png(

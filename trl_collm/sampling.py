@@ -5,7 +5,8 @@ one object the runners call (`Sampler`).
   read back, so a saved team is sampled as it was trained.
 - `GenerationBackend` is the declared contract every backend implements (trl_collm/generation.py: HF `generate()`,
   transformers' continuous batching; a vLLM engine plugs in the same way). Backends register under a name
-  (`register_backend`) and `make_backend(args)` builds the one the arguments ask for.
+  (`register_backend`) and `generation.make_backend(args)` builds the one the arguments ask for (it lives beside the
+  built-ins it registers, so this module never imports its implementations).
 - `Sampler` binds a team, a backend and the settings; the trainer builds it once and hands it to the runners
   (trl_collm/rollout.py).
 """
@@ -21,7 +22,8 @@ from typing import ClassVar, NamedTuple
 import torch
 
 from . import chat
-from .team import AgentTeam, Observation, _left_pad, _unpad_rows
+from .modeling import left_pad, unpad_rows
+from .team import AgentTeam, Observation
 
 
 @dataclasses.dataclass(frozen=True)
@@ -182,25 +184,6 @@ def register_backend(cls: type[GenerationBackend]) -> type[GenerationBackend]:
     return cls
 
 
-def backend_name(args) -> str:
-    """The backend the arguments ask for, by TRL's field names (`use_vllm`, `use_transformers_continuous_batching`)."""
-    if getattr(args, "use_vllm", False):
-        return "vllm"
-    if getattr(args, "use_transformers_continuous_batching", False):
-        return "continuous_batching"
-    return "generate"
-
-
-def make_backend(args=None) -> GenerationBackend:
-    """Build the backend the trainer config or command-line namespace asks for (HF generate() by default)."""
-    from . import generation, vllm_backend  # noqa: F401  (register the built-in backends; vLLM is imported by an engine)
-
-    name = backend_name(args)
-    if name not in BACKENDS:
-        raise ValueError(f"generation backend {name!r} is not available (registered: {sorted(BACKENDS)}).")
-    return BACKENDS[name].from_config(args)
-
-
 # ---------------------------------------------------------------------------------------------------------- Sampler
 @dataclasses.dataclass
 class Generation:
@@ -250,8 +233,8 @@ class Sampler:
         names = [n for n in team.names if observations.get(n)]
         if team.layout == "shared_base":
             encoded = {n: team.encode(n, observations[n], self.device) for n in names}
-            rows = [row for n in names for row in _unpad_rows(*encoded[n])]
-            ids, mask = _left_pad(rows, team.pad_id(team.names[0]), self.device)
+            rows = [row for n in names for row in unpad_rows(*encoded[n])]
+            ids, mask = left_pad(rows, team.pad_id(team.names[0]), self.device)
             adapters = [n for n in names for _ in range(len(observations[n]))]
             # One tokenizer on a shared base: the first agent's stop tokens are everyone's.
             out = self._sample(team.shared_base, ids, mask, team.pad_id(team.names[0]), team.names[0], adapters)

@@ -18,6 +18,7 @@ import uuid
 
 import torch
 
+from .modeling import base_model_of, flatten_adapter_folder
 from .names import check_agent_names
 from .team import AgentTeam
 
@@ -45,7 +46,7 @@ def base_identity(team: AgentTeam) -> dict:
     out = {}
     for a in team.names:
         model = team.model_of(a)
-        inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+        inner = base_model_of(model)
         out[a] = {
             "model": getattr(getattr(inner, "config", None), "_name_or_path", None) or None,
             "frozen_fingerprint": _frozen_fingerprint(model),
@@ -125,15 +126,14 @@ def write_team(output_dir: str, team: AgentTeam, critic, description: dict, full
 
 
 def _write_team_files(output_dir: str, team: AgentTeam, critic, description: dict, full_state: dict | None) -> None:
-    from .trainers import distributed
 
     def part(prefix):
-        return distributed.sub_state_dict(full_state, prefix)  # None: use the live modules
+        return sub_state_dict(full_state, prefix)  # None: use the live modules
 
     for a in team.names:
         folder = os.path.normpath(os.path.join(output_dir, agent_folder(a, len(team.names))))
         if full_state is not None and team.layout == "shared_base":
-            distributed.save_shared_adapter(team.shared_base, a, folder, part("team.shared_base."))
+            save_shared_adapter(team.shared_base, a, folder, part("team.shared_base."))
             team.tokenizers[a].save_pretrained(folder)
         else:
             team.save_agent(a, folder, state_dict=part(f"team.policies.{a}."))
@@ -143,6 +143,20 @@ def _write_team_files(output_dir: str, team: AgentTeam, critic, description: dic
         critic.save(output_dir, part)
     with open(os.path.join(output_dir, TEAM_FILE), "w") as f:
         json.dump(description, f, indent=2)
+
+
+def sub_state_dict(full: dict | None, prefix: str) -> dict | None:
+    """The entries of a gathered TeamModel state dict under `prefix`, with the prefix cut (None stays None)."""
+    if full is None:
+        return None
+    return {k[len(prefix) :]: v for k, v in full.items() if k.startswith(prefix)}
+
+
+def save_shared_adapter(peft_model, adapter: str, folder: str, state_dict: dict | None) -> None:
+    """One adapter of the shared base, flattened into `folder` (PEFT nests non-default adapters)."""
+    kwargs = {} if state_dict is None else {"state_dict": state_dict}
+    peft_model.save_pretrained(folder, selected_adapters=[adapter], **kwargs)
+    flatten_adapter_folder(folder, adapter)
 
 
 def _move_into_place(tmp: str, output_dir: str) -> None:

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import warnings
 
 import torch
 from torch import nn
+
+from .modeling import flatten_adapter_folder, input_pad_id, left_pad, truncate_left
 
 Observation = str | list[int]
 
@@ -135,7 +136,7 @@ class AgentTeam(nn.Module):
                     f"agent {name!r} prompt",
                 )
             )
-        return _left_pad(rows, self.pad_id(name), device)
+        return left_pad(rows, self.pad_id(name), device)
 
     def pad_id(self, name: str) -> int:
         """The id that fills agent `name`'s padded positions (see `input_pad_id`)."""
@@ -200,7 +201,7 @@ class AgentTeam(nn.Module):
         model = self.model_of(name)
         if self.layout == "shared_base":
             model.save_pretrained(path, selected_adapters=[name], safe_serialization=safe_serialization)
-            _flatten_adapter_folder(path, name)
+            flatten_adapter_folder(path, name)
         else:
             model.save_pretrained(path, safe_serialization=safe_serialization, state_dict=state_dict)
         self.tokenizers[name].save_pretrained(path)
@@ -212,71 +213,6 @@ def _is_peft(model) -> bool:
     except ImportError:  # pragma: no cover
         return False
     return isinstance(model, PeftModel)
-
-
-def _flatten_adapter_folder(path: str, name: str) -> None:
-    """PEFT saves non-default adapters under path/<name>/; move them up so the folder loads with from_pretrained."""
-    import os
-    import shutil
-
-    nested = os.path.join(path, name)
-    if os.path.isdir(nested):
-        for entry in os.listdir(nested):
-            shutil.move(os.path.join(nested, entry), os.path.join(path, entry))
-        os.rmdir(nested)
-
-
-def truncate_left(ids: list[int], limit: int | None, what: str) -> list[int]:
-    """Keep the last `limit` tokens (the end holds the latest turn), with a warning: a cut prompt is worth knowing."""
-    if limit is None or len(ids) <= limit:
-        return ids
-    warnings.warn(
-        f"{what} has {len(ids)} tokens; keeping the last {limit} (max_prompt_length / the model's context).",
-        stacklevel=2,
-    )
-    return ids[-limit:]
-
-
-def input_pad_id(tokenizer, model: nn.Module) -> int:
-    """The id that fills padded positions of `model`'s inputs. Padding is masked, so any id the model can embed
-    will do: the tokenizer's pad id when the embedding table has a row for it, else its eos id (or 0). A script may
-    add a pad token without resizing the model (TRL's PPO example always adds "[PAD]"; Llama-shaped models have no
-    spare embedding rows), and that id must never reach the embedding."""
-    rows = None
-    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
-    if embeddings is not None and hasattr(embeddings, "num_embeddings"):
-        rows = embeddings.num_embeddings
-    for candidate in (getattr(tokenizer, "pad_token_id", None), getattr(tokenizer, "eos_token_id", None), 0):
-        if candidate is not None and (rows is None or 0 <= candidate < rows):
-            return int(candidate)
-    return 0
-
-
-def _left_pad(rows: list[list[int]], pad_id: int, device):
-    width = max((len(r) for r in rows), default=0)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, r in enumerate(rows):
-        if r:
-            ids[i, width - len(r) :] = torch.tensor(r, dtype=torch.long)
-            mask[i, width - len(r) :] = 1
-    return ids.to(device), mask.to(device)
-
-
-def _unpad_rows(ids, mask) -> list[list[int]]:
-    return [row[m.bool()].tolist() for row, m in zip(ids, mask)]
-
-
-def max_positions(model: nn.Module) -> int | None:
-    """The context length a model was built for (None when its config does not say)."""
-    if hasattr(model, "get_base_model"):
-        model = model.get_base_model()
-    config = getattr(model, "config", None)
-    for key in ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length"):
-        value = getattr(config, key, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    return None
 
 
 def freeze_copy(model: nn.Module) -> nn.Module:

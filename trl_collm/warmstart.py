@@ -336,8 +336,9 @@ def rollout_team(
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from .generation import make_backend
     from .rollout import run_episodes
-    from .sampling import Sampler, SamplingSettings, make_backend
+    from .sampling import Sampler, SamplingSettings
     from .tasks import get_task
     from .team import AgentTeam
 
@@ -412,10 +413,10 @@ def evaluate_building(model_paths: dict | str, rows: list[dict], *, repeats: int
 def tag_answer_rates(rows: list[dict], texts: list[tuple[str, ...]]) -> dict:
     """writing-tags: per tagger, the share of its answers that hold its own tag and its teammate's (an answer may
     hold both). `texts[k][i]` is tagger AGENT_NAMES[i]'s answer to rows[k]."""
-    from .tasks.tags import AGENT_NAMES, _words, tags_of
+    from .tasks.tags import AGENT_NAMES, tags_of, word_set
 
     def rate(i, whose):
-        return sum(tags_of(r)[AGENT_NAMES[whose]] in _words(t[i]) for r, t in zip(rows, texts)) / len(rows)
+        return sum(tags_of(r)[AGENT_NAMES[whose]] in word_set(t[i]) for r, t in zip(rows, texts)) / len(rows)
 
     return dict(
         own_tag_rate={a: rate(i, i) for i, a in enumerate(AGENT_NAMES)},

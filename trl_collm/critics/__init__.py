@@ -4,12 +4,13 @@
   (CoLLM-DC), registered by `critic_type`; each owns its unit keys, outputs and views.
 - `units.py`: one `CriticUnit` class per `critic_placement` (a separate value model, a head on an actor, an adapter
   plus a head on the shared base), each owning its body, parameters and saving.
-- `heads.py`: the value head and model introspection helpers.
+- `heads.py`: the value head (the model introspection it needs is `trl_collm.modeling`'s, re-exported here).
 
 No module outside this package reads `critic_type` or `critic_placement`.
 """
 
-from .heads import ValueHead, backbone_of, hidden_size_of, value_model_outputs
+from ..modeling import backbone_of, hidden_size_of, value_model_outputs
+from .heads import ValueHead
 from .layouts import (
     CRITIC_TYPES,
     CentralizedCritic,

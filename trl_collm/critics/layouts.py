@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from ..assembly import per_agent
+from ..modeling import max_positions
 from ..views import centralized_view, decentralized_view, fair_share
 from .units import PLACEMENTS, CriticUnit, UnitSpec
 
@@ -170,8 +171,6 @@ class TeamCritic(nn.Module):
 
     def set_context_limits(self, reserved_tokens: int) -> None:
         """Views longer than a body's context would crash or wrap positions: cut them to fit (keeping the end)."""
-        from ..team import max_positions
-
         for unit in self.units.values():
             context = max_positions(unit.context_model())
             if context is not None:

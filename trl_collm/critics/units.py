@@ -19,10 +19,20 @@ import torch
 from torch import nn
 
 from ..assembly import check_tokenizer, model_path
+from ..modeling import (
+    backbone_of,
+    hidden_size_of,
+    input_pad_id,
+    left_pad,
+    score_layer,
+    truncate_left,
+    value_model_outputs,
+)
 from ..models import resolve_model_name
 from ..prefix import forward_last
-from ..team import AgentTeam, _left_pad, input_pad_id, truncate_left
-from .heads import ValueHead, backbone_of, hidden_size_of, score_layer, value_model_outputs
+from ..saved_team import save_shared_adapter
+from ..team import AgentTeam, adapter_parameters
+from .heads import ValueHead
 
 
 @dataclass
@@ -103,7 +113,7 @@ class CriticUnit(nn.Module):
         """Left-padded critic input; `suffix_ids` (token-level values) are appended after each view."""
         if suffix_ids is not None:
             rows = [ids + suffix for ids, suffix in zip(rows, suffix_ids)]
-        return _left_pad(rows, input_pad_id(self.tokenizer, self.context_model()), device)
+        return left_pad(rows, input_pad_id(self.tokenizer, self.context_model()), device)
 
 
 def _save_head(head: nn.Module, folder: str, state: dict | None) -> None:
@@ -249,13 +259,9 @@ class SharedBaseAdapterUnit(_TeamBodyUnit):
         return self.team.shared_base
 
     def own_parameters(self) -> list[nn.Parameter]:
-        from ..team import adapter_parameters
-
         return super().own_parameters() + adapter_parameters(self.team.shared_base, self.adapter)
 
     def save(self, folder: str, part) -> None:
-        from ..trainers.distributed import save_shared_adapter
-
         super().save(folder, part)
         save_shared_adapter(self.team.shared_base, self.adapter, folder, part("team.shared_base.", absolute=True))
 

@@ -118,7 +118,9 @@ def _validate_observation(obs: Any, where: str, episode: int, agent: int, agent_
     )
 
 
-def _validate_observations(obs_list: Any, where: str, episode: int, num_agents: int, agent_names) -> list:
+def validate_observations(obs_list: Any, where: str, episode: int, num_agents: int, agent_names) -> list:
+    """One observation per agent, each checked (`where` names the env call in errors); the CLI checks a task's
+    first prompts with it before any model loads."""
     if isinstance(obs_list, str) or not isinstance(obs_list, (list, tuple)):
         raise ValueError(
             f"{where} returned {_describe(obs_list)} for episode {episode}; expected a list with one observation "
@@ -330,7 +332,7 @@ class MultiAgentEnv:
         episodes, observations = [], []
         for e, row in enumerate(rows):
             env = self.clone()
-            observations.append(_validate_observations(env.reset(row), where, e, num_agents, names))
+            observations.append(validate_observations(env.reset(row), where, e, num_agents, names))
             episodes.append(env)
         self._episodes = episodes
         self._episode_done = [False] * len(episodes)
@@ -413,7 +415,7 @@ class MultiAgentEnv:
                     )
                 obs = None
             else:
-                obs = _validate_observations(result.observations, where, e, num_agents, names)
+                obs = validate_observations(result.observations, where, e, num_agents, names)
             info = result.info if result.info is not None else {}
             if not isinstance(info, dict):
                 raise ValueError(f"{where} returned info={_describe(info)} for episode {e}; info must be a dict.")

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 import torch
 
 from ..chat import agent_prompt
+from ..modeling import backbone_of, input_pad_id, score_layer
 from .protocol import Observation
 
 
@@ -38,8 +39,6 @@ class RewardModelFunction:
         text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
         pad = getattr(text_config, "pad_token_id", None)
         if self._parts is not None:
-            from ..team import input_pad_id
-
             pad = input_pad_id(tokenizer, model)
         elif pad is None:
             pad = getattr(tokenizer, "pad_token_id", None)
@@ -155,8 +154,6 @@ class RewardModelFunction:
 
 def _body_and_head(model):
     """(transformer body, score layer) of a sequence-classification model, or None for other callables."""
-    from ..critics.heads import backbone_of, score_layer
-
     try:
         return backbone_of(model), score_layer(model)
     except (ValueError, AttributeError):

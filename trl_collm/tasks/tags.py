@@ -41,7 +41,8 @@ def tag_prompt(row, agent: str) -> ChatPrompt:
     return ChatPrompt(f"{post}\n{role}\nTag:", system_user(role, post))
 
 
-def _words(text: str) -> set[str]:
+def word_set(text: str) -> set[str]:
+    """The lower-case words of a text, as the reward reads them (the warm start scores its transcripts the same)."""
     return set(re.findall(r"[a-z0-9][a-z0-9-]*", str(text).lower()))
 
 
@@ -52,7 +53,7 @@ def tags_reward(prompts, completions, topic, **_) -> list[float]:
         tags = tags_of({"topic": t})
         score = 0.0
         for agent, text in zip(AGENT_NAMES, texts):
-            words = _words(text)
+            words = word_set(text)
             other = AGENT_NAMES[1 - AGENT_NAMES.index(agent)]
             score += OWN * (tags[agent] in words) + OTHER * (tags[other] in words)
         out.append(score)

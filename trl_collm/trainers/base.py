@@ -20,9 +20,10 @@ from trl.trainer.utils import disable_dropout_in_model
 from .. import saved_team
 from ..assembly import TeamModel, build_team, resolve_agent_names
 from ..envs.reward_functions import build_env
+from ..generation import make_backend
 from ..numerics import NonFiniteSteps
 from ..rollout import Rollout, run_episodes
-from ..sampling import Sampler, SamplingSettings, make_backend
+from ..sampling import Sampler, SamplingSettings
 from . import checkpoints, distributed, evaluation, hub
 from .batches import DataPasses, rollout_loader, set_batch_sizes
 from .output_dir import check_writable, claim_output_dir
@@ -565,7 +566,7 @@ def _chunked(fn, total: int, size: int) -> torch.Tensor:
 def _set_prompt_limits(team, args) -> None:
     """Prompts longer than a model's context would crash or silently wrap positions: cut them to fit (keeping the
     end)."""
-    from ..team import max_positions
+    from ..modeling import max_positions
 
     for a in team.names:
         limits = [args.max_prompt_length]

@@ -279,21 +279,6 @@ def full_state_dict(trainer) -> dict | None:
     return engine._zero3_consolidated_16bit_state_dict()
 
 
-def sub_state_dict(full: dict | None, prefix: str) -> dict | None:
-    if full is None:
-        return None
-    return {k[len(prefix) :]: v for k, v in full.items() if k.startswith(prefix)}
-
-
-def save_shared_adapter(peft_model, adapter: str, folder: str, state_dict: dict | None) -> None:
-    """One adapter of the shared base, flattened into `folder` (PEFT nests non-default adapters)."""
-    from ..team import _flatten_adapter_folder
-
-    kwargs = {} if state_dict is None else {"state_dict": state_dict}
-    peft_model.save_pretrained(folder, selected_adapters=[adapter], **kwargs)
-    _flatten_adapter_folder(folder, adapter)
-
-
 def average_gradients(trainer) -> None:
     """Several processes without DeepSpeed (accelerate's multi-GPU / multi-CPU launch): the TeamModel is not wrapped
     in DDP (the trainers call its submodules directly, which DDP's reducer does not see), so average the accumulated

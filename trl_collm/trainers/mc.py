@@ -47,7 +47,71 @@ class ScoredTree:
 
 
 class MultiAgentMCTrainer(TeamTrainerBase):
-    """Critic-free multi-agent trainer. Same constructor forms as `MultiAgentPPOTrainer` (no value model)."""
+    """Critic-free multi-agent trainer (MAGRPO and its variants): each agent samples `args.num_generations`
+    completions per prompt, and a sample's advantage is its return minus the group's baseline (`args.baseline`);
+    no value model. The constructor is
+    `MultiAgentPPOTrainer`'s without the critic's arguments.
+
+    Example:
+
+    ```python
+    >>> from datasets import Dataset
+    >>> from trl_collm import MultiAgentMCConfig, MultiAgentMCTrainer
+
+    >>> def reward(prompts, completions, **columns):  # completions[e]: [agent_0's text, agent_1's text]
+    ...     return [float(len(a) < len(b)) for a, b in completions]
+
+    >>> args = MultiAgentMCConfig(output_dir="team", num_agents=2, num_generations=4)
+    >>> trainer = MultiAgentMCTrainer(
+    ...     args=args,
+    ...     model=["Qwen/Qwen3-0.6B", "Qwen/Qwen3-1.7B"],  # one model per agent
+    ...     train_dataset=Dataset.from_dict({"prompt": ["Summarize: ..."] * 16}),
+    ...     reward_funcs=reward,
+    ... )
+    >>> trainer.train()
+    ```
+
+    Args:
+        args ([`MultiAgentMCConfig`], *optional*):
+            The run's configuration. `None`: `MultiAgentMCConfig(output_dir="outputs/mc")`.
+        processing_class (tokenizer or path, list or dict name -> tokenizer, *optional*):
+            Each agent's tokenizer. `None`: loaded from each agent's model (its path, or `config._name_or_path`).
+        model (`str`, model, list or dict name -> model):
+            The team. One path or Hub id: loaded once per agent, or with `peft_config` one base carrying one LoRA
+            adapter per agent. A list: one model per agent (any architectures, each with its own tokenizer). A dict:
+            the agents' names and models. One model object serves a one-agent team or, with `peft_config`, a LoRA
+            team. The team's size comes from the list or dict, else from `args.agent_names` / `args.num_agents`.
+        ref_model (model or path, list or dict, *optional*):
+            Reference policies for the KL term. `None` with a KL term in the config: a LoRA policy uses its base with
+            the adapter off, any other a frozen copy of itself.
+        reward_model (`AutoModelForSequenceClassification`, *optional*):
+            A TRL-PPO reward model; it scores each agent's prompt + completion, re-tokenized by the first agent's
+            tokenizer, as one more reward function.
+        train_dataset ([`~datasets.Dataset`]):
+            The rows episodes start from: a `prompt` (or `input_ids`) column for reward functions, whatever the
+            `env`'s `reset` reads otherwise.
+        data_collator (*optional*):
+            Collates dataset rows; default: the list of rows as given (the environment reads them).
+        eval_dataset ([`~datasets.Dataset`] or dict of them, *optional*):
+            Rows for `evaluate()`, which plays them and reports the returns.
+        optimizers (`tuple`, *optional*, defaults to `(None, None)`):
+            An optimizer and learning-rate scheduler to use instead of the default AdamW and `args.lr_scheduler_type`.
+        callbacks (list of [`~transformers.TrainerCallback`], *optional*):
+            Callbacks added to transformers' defaults.
+        peft_config ([`~peft.PeftConfig`], list or dict, *optional*):
+            One config with one `model`: a shared-base LoRA team (the base is frozen, one adapter per agent). With a
+            list or dict of models, or a list or dict of configs: a LoRA adapter on each agent's own model.
+        reward_funcs (callable or list of callables, *optional*):
+            GRPO-style reward functions `f(prompts, completions, **columns)`, with `completions[e]` the n agents'
+            texts of episode e, returning per episode a float (joint reward) or a list of n floats (one per agent).
+            Several are summed with `args.reward_weights`. Single-turn; give an `env` for several turns.
+        env ([`MultiAgentEnv`], *optional*):
+            The environment that turns the agents' completions into rewards and next observations. Pass either `env`
+            or `reward_funcs` / `reward_model`.
+        prompt_formatters (callable, list or dict name -> callable, *optional*):
+            With `reward_funcs`: each agent's prompt built from the dataset row (`row -> str`), one for all agents or
+            one per agent. `None`: every agent reads the row's `prompt` (or `input_ids`).
+    """
 
     _tag_names = ["trl", "trl-collm", "multi-agent", "magrpo"]
     _name = "MultiAgentMC"
@@ -76,27 +140,26 @@ class MultiAgentMCTrainer(TeamTrainerBase):
         peft_config=None,
         reward_funcs=None,
         env=None,
-        **kwargs,
+        prompt_formatters=None,
     ):
         args = args or MultiAgentMCConfig(output_dir="outputs/mc")
         if not isinstance(args, MultiAgentMCConfig):
             raise TypeError(f"`args` must be a MultiAgentMCConfig, got {type(args).__name__}.")
         super().__init__(
-            args,
-            processing_class,
-            model,
-            ref_model,
-            reward_model,
-            train_dataset,
-            None,
-            data_collator,
-            eval_dataset,
-            optimizers,
-            callbacks,
-            peft_config,
-            reward_funcs,
-            env,
-            **kwargs,
+            args=args,
+            processing_class=processing_class,
+            model=model,
+            ref_model=ref_model,
+            reward_model=reward_model,
+            train_dataset=train_dataset,
+            data_collator=data_collator,
+            eval_dataset=eval_dataset,
+            optimizers=optimizers,
+            callbacks=callbacks,
+            peft_config=peft_config,
+            reward_funcs=reward_funcs,
+            env=env,
+            prompt_formatters=prompt_formatters,
         )
         self._generator = torch.Generator().manual_seed(args.seed)
 
