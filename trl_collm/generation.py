@@ -205,12 +205,7 @@ class ContinuousBatchingBackend(GenerationBackend):
         logprob_temperature: float | None = None,
         lockstep: bool | None = None,
     ) -> Sampled:
-        if lockstep:
-            raise ValueError(
-                "use_transformers_continuous_batching cannot decode in lockstep with other ranks (ZeRO-3 with "
-                "`ds3_gather_for_generation=False`); set `ds3_gather_for_generation=True` (the default) or "
-                "use_transformers_continuous_batching=False."
-            )
+        self.refuse_lockstep(lockstep, "use_transformers_continuous_batching")
         gen_kwargs = settings.generate_kwargs(pad_id)  # every key it writes is one generate_batch honours
         prompts = [row[m.bool()].tolist() for row, m in zip(ids, mask)]
         if adapter_names is None:

@@ -137,6 +137,16 @@ class GenerationBackend(abc.ABC):
         """The backend for a trainer config or a command-line namespace (it reads its own fields)."""
         return cls()
 
+    @staticmethod
+    def refuse_lockstep(lockstep: bool | None, flag: str) -> None:
+        """For a backend that decodes each rank on its own: ZeRO-3 without a whole-model gather asks every rank to
+        decode in lockstep (generate()'s synced_gpus), which it cannot; `flag` is the config field that chose it."""
+        if lockstep:
+            raise ValueError(
+                f"{flag} cannot decode in lockstep with other ranks (ZeRO-3 with `ds3_gather_for_generation=False`); "
+                f"set `ds3_gather_for_generation=True` (the default) or {flag}=False."
+            )
+
     @abc.abstractmethod
     def generate(
         self,

@@ -140,11 +140,7 @@ class VLLMBackend(GenerationBackend):
         logprob_temperature: float | None = None,
         lockstep: bool | None = None,
     ) -> Sampled:
-        if lockstep:
-            raise ValueError(
-                "use_vllm cannot decode in lockstep with other ranks (ZeRO-3 with ds3_gather_for_generation=False); "
-                "set ds3_gather_for_generation=True or use_vllm=False."
-            )
+        self.refuse_lockstep(lockstep, "use_vllm")
         engine = self._engines.get(id(model))
         if engine is None:
             engine = self._engines[id(model)] = _Engine(model, adapter_names is not None, self)
