@@ -32,15 +32,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
 
+from trl_collm.testing import TOY_PROMPTS  # noqa: E402
+
 PROMPTS = [
-    "count one and",
-    "two plus three is",
-    "the team writes the plan",
-    "def aux(x): return x",
-    "write a short story about",
-    "the critic gives a value to",
-    "agent one checks the code and",
-    "red wool",
+    *TOY_PROMPTS,
     "the value of the plan",
     "one and two and",
     "def main(a, b): return",

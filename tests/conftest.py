@@ -11,6 +11,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import pytest
 import torch
 
+from trl_collm.testing import TOY_PROMPTS
+
 # The models are tiny: one intra-op thread is fastest, and it avoids OpenMP spin-wait contention (100x slowdowns)
 # when the CPUs are shared with other processes.
 torch.set_num_threads(1)
@@ -97,16 +99,7 @@ def smollm2_name(smollm2_path, monkeypatch):
     return "smollm2-135m-instruct"
 
 
-PROMPTS = [
-    "count one and",
-    "two plus three is",
-    "the team writes the plan",
-    "def aux(x): return x",
-    "write a short story about",
-    "the critic gives a value to",
-    "agent one checks the code and",
-    "red wool",
-]
+PROMPTS = list(TOY_PROMPTS)
 
 
 @pytest.fixture

@@ -21,16 +21,10 @@ import tempfile
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-PROMPTS = [
-    "count one and",
-    "two plus three is",
-    "the team writes the plan",
-    "def aux(x): return x",
-    "write a short story about",
-    "the critic gives a value to",
-    "agent one checks the code and",
-    "red wool",
-]
+from trl_collm.testing import TOY_PROMPTS  # noqa: E402
+
+PROMPTS = list(TOY_PROMPTS)
+
 RUN = dict(
     use_cpu=True,
     bf16=False,

@@ -35,6 +35,7 @@ from transformers import (
 
 __all__ = [
     "DEFAULT_CORPUS",
+    "TOY_PROMPTS",
     "MODEL_SIZES",
     "build_tokenizer",
     "build_causal_lm",
@@ -143,6 +144,20 @@ def _make_corpus() -> list[str]:
         lines.append(f"/setblock {i % 7} {i % 5} {i % 3} {block}")
     lines.append("/fill 0 0 0 4 4 4 red_wool")
     return lines
+
+
+# Prompts the tiny models' corpus covers: the test-suite, examples/ds_train.py and tools/record_runs.py start their
+# episodes from them (one list, so a recorded trajectory and a test see the same rows).
+TOY_PROMPTS = (
+    "count one and",
+    "two plus three is",
+    "the team writes the plan",
+    "def aux(x): return x",
+    "write a short story about",
+    "the critic gives a value to",
+    "agent one checks the code and",
+    "red wool",
+)
 
 
 DEFAULT_CORPUS: list[str] = _make_corpus()
