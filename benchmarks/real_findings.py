@@ -157,9 +157,8 @@ def summarize(task: str, per_episode: list[dict], max_reward: float) -> dict:
     return out
 
 
-def evaluate(task: str, s: dict, team=None, eval_seed: int = EVAL_SEED) -> dict:
-    """The team (or, with team=None, the starting model) on the held-out rows, sampled at temperature 1 with
-    sampling seed `eval_seed`."""
+def evaluate(task: str, s: dict, team, eval_seed: int = EVAL_SEED) -> dict:
+    """`team` on the held-out rows, sampled at temperature 1 with sampling seed `eval_seed`."""
     from transformers import AutoTokenizer
 
     from trl_collm.models import smollm2_135m_instruct
@@ -169,9 +168,8 @@ def evaluate(task: str, s: dict, team=None, eval_seed: int = EVAL_SEED) -> dict:
     rows = list(get_task(task).load_dataset("eval"))
     rows = rows[: s["eval_limit"]] if s["eval_limit"] else rows
     rows = [r for r in rows for _ in range(s["eval_repeats"])]
-    path = None if team is not None else smollm2_135m_instruct()
     t0, c0 = time.time(), time.process_time()
-    _, roll = rollout_team(path, rows, task=task, max_new_tokens=s["response_length"], seed=eval_seed, team=team)
+    _, roll = rollout_team(None, rows, task=task, max_new_tokens=s["response_length"], seed=eval_seed, team=team)
     per_episode = writing_levels(roll) if task == "writing-summary" else code_levels(roll)
     out = summarize(task, per_episode, s["max_reward"])
     out["seconds"], out["cpu_seconds"] = time.time() - t0, time.process_time() - c0
@@ -213,13 +211,10 @@ def _progress_callback(trainer, args, path, meta):
     return Progress()
 
 
-def run_one(task: str, method: str, seed: int, lr: float, s: dict, progress_path: str | None = None) -> dict:
-    """One training run in this process: the curve (env steps -> mean training return), per-level training
-    curves, and the trained team's held-out scores."""
-    import torch
+def make_trainer(task: str, method: str, seed: int, lr: float, s: dict):
+    """A method's trainer over a fresh LoRA team of the model (the adapters start as the identity)."""
     from peft import LoraConfig
 
-    torch.set_num_threads(1)
     from trl_collm.tasks import get_task
 
     spec = get_task(task)
@@ -233,6 +228,25 @@ def run_one(task: str, method: str, seed: int, lr: float, s: dict, progress_path
         env=spec.make_env(),
         peft_config=LoraConfig(**LORA),
     )
+    return trainer, args
+
+
+def evaluate_start(task: str, s: dict, eval_seed: int) -> dict:
+    """The starting model, played as the trained teams are: a LoRA team of it before any update (its adapters are
+    the identity), through the same mixed-adapter sampling on one base and the same sampling seed, so before and
+    after differ by the training alone. (The same model loaded as two plain copies samples the same distribution,
+    and its greedy texts are identical, but it draws other random numbers: no paired comparison.)"""
+    trainer, _ = make_trainer(task, "mc", 0, TASKS[task]["lrs"][0], s)
+    return dict(evaluate(task, s, trainer.team.eval(), eval_seed), played_as="untrained LoRA team")
+
+
+def run_one(task: str, method: str, seed: int, lr: float, s: dict, progress_path: str | None = None) -> dict:
+    """One training run in this process: the curve (env steps -> mean training return), per-level training
+    curves, and the trained team's held-out scores."""
+    import torch
+
+    torch.set_num_threads(1)
+    trainer, args = make_trainer(task, method, seed, lr, s)
     meta = dict(task=task, method=method, seed=seed, lr=lr, budget=s["budget"], batch=s["batch"])
     meta["response_length"] = s["response_length"]
     if progress_path:
@@ -242,7 +256,7 @@ def run_one(task: str, method: str, seed: int, lr: float, s: dict, progress_path
     seconds, cpu_seconds = time.time() - t0, time.process_time() - c0
     curve, levels = curves(trainer.metrics_history, args)
     team = trainer.team.eval()
-    scores = evaluate(task, s, team=team)
+    scores = evaluate(task, s, team)
     return dict(
         meta,
         env_steps=curve[-1][0],
@@ -350,7 +364,8 @@ def report(task, out_dir, png_prefix, s, sweep_seed) -> str:
     mine = [r for r in runs if r["lr"] == chosen.get(r["method"])]
     lines = [f"## {task}: {s['describe']}", ""]
     if start:
-        lines.append(f"starting model: {start['prompt_form']} prompts, {start['episodes']} held-out plays")
+        played = start.get("played_as", "the model loaded as plain copies")
+        lines.append(f"starting model ({played}): {start['prompt_form']} prompts, {start['episodes']} held-out plays")
     resampled, resample_rows = resample_line(out_dir, task, s)
     if resampled:
         lines.append(resampled)
@@ -377,6 +392,9 @@ def report(task, out_dir, png_prefix, s, sweep_seed) -> str:
             + cut
         )
     lines += ["", *(f"- {c}" for c in cells), ""]
+    drift = training_drift(mine, s["methods"])
+    if drift:
+        lines += [drift, ""]
     blob = dict(task=task, settings=s, start=start, chosen=chosen, runs=runs, stopped_early=stopped)
     blob["start_resampled"] = resample_rows
     if (mine or stopped) and start:
@@ -393,6 +411,21 @@ def report(task, out_dir, png_prefix, s, sweep_seed) -> str:
     with open(os.path.join(out_dir, f"real_findings_{task}.json"), "w") as f:
         json.dump(blob, f, indent=1)
     return "\n".join(lines)
+
+
+def training_drift(runs, methods, k: int = 2) -> str:
+    """Each method's training return in its first k and last k iterations (mean over its runs): what the training
+    rollouts say moved, beside the held-out plays (the first k and the last k draw different prompts, so this is
+    a trend, not a paired measure)."""
+    parts = []
+    for m in methods:
+        curves_m = [[v for _, v in r["curve"]] for r in runs if r["method"] == m and len(r["curve"]) >= 2 * k]
+        if curves_m:
+            first = sum(sum(c[:k]) / k for c in curves_m) / len(curves_m)
+            last = sum(sum(c[-k:]) / k for c in curves_m) / len(curves_m)
+            ups = sum(sum(c[-k:]) > sum(c[:k]) for c in curves_m)
+            parts.append(f"{m.upper()} {first:.3f} -> {last:.3f} (up in {ups}/{len(curves_m)} runs)")
+    return f"training return, first {k} -> last {k} iterations: " + "; ".join(parts) if parts else ""
 
 
 def plot_curves(runs, stopped, task, path, start_return, s):
@@ -427,7 +460,7 @@ def child(task, what, seed, lr, s, out_dir):
 
     torch.set_num_threads(1)
     if what == "start":  # `seed` is the sampling seed of the held-out plays here
-        row = dict(evaluate(task, s, eval_seed=seed), model=MODEL)
+        row = dict(evaluate_start(task, s, eval_seed=seed), model=MODEL)
         path = start_path(out_dir, task, s, seed)
     else:
         path = run_path(out_dir, task, what, seed, lr, s)

@@ -158,3 +158,14 @@ def test_resampled_starting_model_gives_the_held_out_noise_line(tmp_path):
     assert line in text
     blob = json.loads((tmp_path / "real_findings_writing-summary.json").read_text())
     assert [r["eval_seed"] for r in blob["start_resampled"]] == [1234, 1235, 1236]
+
+
+def test_training_drift_compares_first_and_last_iterations_per_method():
+    runs = [
+        _run("cc", 0, 1e-3, [(8, 0.5), (16, 0.7), (24, 0.9), (32, 1.1)], 1.0),  # 0.6 -> 1.0
+        _run("cc", 1, 1e-3, [(8, 0.8), (16, 0.8), (24, 0.6), (32, 0.6)], 1.0),  # 0.8 -> 0.6
+        _run("mc", 0, 1e-3, [(8, 0.5), (16, 0.5)], 1.0),  # too short for 2 + 2 iterations: left out
+    ]
+    line = real_findings.training_drift(runs, ("cc", "dc", "mc"))
+    assert line == "training return, first 2 -> last 2 iterations: CC 0.700 -> 0.800 (up in 1/2 runs)"
+    assert real_findings.training_drift(runs[2:], ("mc",)) == ""
