@@ -520,13 +520,20 @@ def main():
         cmd = [sys.executable, os.path.abspath(__file__), a.task, "--child", what, str(seed), repr(lr)]
         cmd += ["--out-dir", out_dir, "--budget", str(s["budget"]), "--batch", str(s["batch"])]
         cmd += ["--smoke"] if a.smoke else []
+        # The run's output goes to a file, not a pipe to this driver: a run outlives a stopped driver (a pipe
+        # with no reader kills the run at its next progress line, after an hour of training) and leaves its log.
+        log = path[: -len(".json")] + ".log"  # kept (git-ignored) only when the run fails
+        os.makedirs(os.path.dirname(log), exist_ok=True)
         t0 = time.time()
-        out = subprocess.run(
-            cmd, check=False, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1")
-        )
-        if out.returncode != 0:
-            print(f"  {what} seed {seed} lr {lr:g} FAILED:\n{out.stderr[-3000:]}", flush=True)
+        with open(log, "w") as f:
+            code = subprocess.run(
+                cmd, check=False, stdout=f, stderr=subprocess.STDOUT, env=dict(os.environ, OMP_NUM_THREADS="1")
+            ).returncode
+        if code != 0:
+            with open(log) as f:
+                print(f"  {what} seed {seed} lr {lr:g} FAILED (log: {log}):\n{f.read()[-3000:]}", flush=True)
             return
+        os.remove(log)
         print(f"  {a.task} {what} seed {seed} lr {lr:g}: done ({time.time() - t0:.0f}s)", flush=True)
 
     # 1) the starting model and the sweep seed at every rate (methods interleaved so load drifts hit them alike)
