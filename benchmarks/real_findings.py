@@ -11,6 +11,7 @@ plays the task's held-out rows (temperature 1, a fixed seed) and each reward lev
     python benchmarks/real_findings.py writing-summary --jobs 2      # the writing table (3 methods x 3 seeds)
     python benchmarks/real_findings.py code-humaneval --jobs 2       # the code table (CC vs MC, 2 seeds)
     python benchmarks/real_findings.py writing-summary --report-only # tables and figure from the runs saved so far
+    python benchmarks/real_findings.py writing-summary --resample-seeds 1235 1236  # + the starting model re-sampled
     python benchmarks/real_findings.py writing-summary --smoke       # 1 seed, 1 rate, 2 iterations, 8 tokens
 
 Resumable: each run writes OUT_DIR/<task>/<method>-seed<S>-lr<LR>-b<BUDGET>.json when it finishes (and the starting
@@ -156,8 +157,8 @@ def summarize(task: str, per_episode: list[dict], max_reward: float) -> dict:
     return out
 
 
-def evaluate(task: str, s: dict, team=None) -> dict:
-    """The team (or, with team=None, the starting model) on the held-out rows, sampled at temperature 1."""
+def evaluate(task: str, s: dict, team, eval_seed: int = EVAL_SEED) -> dict:
+    """`team` on the held-out rows, sampled at temperature 1 with sampling seed `eval_seed`."""
     from transformers import AutoTokenizer
 
     from trl_collm.models import smollm2_135m_instruct
@@ -167,12 +168,12 @@ def evaluate(task: str, s: dict, team=None) -> dict:
     rows = list(get_task(task).load_dataset("eval"))
     rows = rows[: s["eval_limit"]] if s["eval_limit"] else rows
     rows = [r for r in rows for _ in range(s["eval_repeats"])]
-    path = None if team is not None else smollm2_135m_instruct()
     t0, c0 = time.time(), time.process_time()
-    _, roll = rollout_team(path, rows, task=task, max_new_tokens=s["response_length"], seed=EVAL_SEED, team=team)
+    _, roll = rollout_team(None, rows, task=task, max_new_tokens=s["response_length"], seed=eval_seed, team=team)
     per_episode = writing_levels(roll) if task == "writing-summary" else code_levels(roll)
     out = summarize(task, per_episode, s["max_reward"])
     out["seconds"], out["cpu_seconds"] = time.time() - t0, time.process_time() - c0
+    out["eval_seed"] = eval_seed
     out["prompt_form"] = prompt_form(AutoTokenizer.from_pretrained(smollm2_135m_instruct()), roll)
     out["examples"] = [
         {a: roll.turns[0][a].gen.texts[i] for a in roll.agent_names} for i in range(min(2, roll.num_episodes))
@@ -210,13 +211,10 @@ def _progress_callback(trainer, args, path, meta):
     return Progress()
 
 
-def run_one(task: str, method: str, seed: int, lr: float, s: dict, progress_path: str | None = None) -> dict:
-    """One training run in this process: the curve (env steps -> mean training return), per-level training
-    curves, and the trained team's held-out scores."""
-    import torch
+def make_trainer(task: str, method: str, seed: int, lr: float, s: dict):
+    """A method's trainer over a fresh LoRA team of the model (the adapters start as the identity)."""
     from peft import LoraConfig
 
-    torch.set_num_threads(1)
     from trl_collm.tasks import get_task
 
     spec = get_task(task)
@@ -230,6 +228,25 @@ def run_one(task: str, method: str, seed: int, lr: float, s: dict, progress_path
         env=spec.make_env(),
         peft_config=LoraConfig(**LORA),
     )
+    return trainer, args
+
+
+def evaluate_start(task: str, s: dict, eval_seed: int) -> dict:
+    """The starting model, played as the trained teams are: a LoRA team of it before any update (its adapters are
+    the identity), through the same mixed-adapter sampling on one base and the same sampling seed, so before and
+    after differ by the training alone. (The same model loaded as two plain copies samples the same distribution,
+    and its greedy texts are identical, but it draws other random numbers: no paired comparison.)"""
+    trainer, _ = make_trainer(task, "mc", 0, TASKS[task]["lrs"][0], s)
+    return dict(evaluate(task, s, trainer.team.eval(), eval_seed), played_as="untrained LoRA team")
+
+
+def run_one(task: str, method: str, seed: int, lr: float, s: dict, progress_path: str | None = None) -> dict:
+    """One training run in this process: the curve (env steps -> mean training return), per-level training
+    curves, and the trained team's held-out scores."""
+    import torch
+
+    torch.set_num_threads(1)
+    trainer, args = make_trainer(task, method, seed, lr, s)
     meta = dict(task=task, method=method, seed=seed, lr=lr, budget=s["budget"], batch=s["batch"])
     meta["response_length"] = s["response_length"]
     if progress_path:
@@ -239,7 +256,7 @@ def run_one(task: str, method: str, seed: int, lr: float, s: dict, progress_path
     seconds, cpu_seconds = time.time() - t0, time.process_time() - c0
     curve, levels = curves(trainer.metrics_history, args)
     team = trainer.team.eval()
-    scores = evaluate(task, s, team=team)
+    scores = evaluate(task, s, team)
     return dict(
         meta,
         env_steps=curve[-1][0],
@@ -286,8 +303,34 @@ def partial_path(path) -> str:
     return path[: -len(".json")] + ".partial"
 
 
-def start_path(out_dir, task, s) -> str:
-    return os.path.join(out_dir, task, f"start-t{s['response_length']}.json")
+def start_path(out_dir, task, s, eval_seed: int = EVAL_SEED) -> str:
+    """The starting model's held-out scores; at another sampling seed than the table's, a re-sample of them."""
+    tail = "" if eval_seed == EVAL_SEED else f"-evalseed{eval_seed}"
+    return os.path.join(out_dir, task, f"start-t{s['response_length']}{tail}.json")
+
+
+def resample_line(out_dir, task, s) -> tuple[str, list]:
+    """How far the held-out scores move when only the sampling seed changes: the starting model at every eval seed
+    saved (`--resample-seeds`). A trained team's change smaller than this spread is not evidence of learning."""
+    rows = []
+    others = start_path(out_dir, task, s, 0).replace("-evalseed0", "-evalseed*")
+    paths = [start_path(out_dir, task, s)] + glob.glob(others)
+    for path in (p for p in paths if os.path.exists(p)):
+        with open(path) as f:
+            row = json.load(f)
+        rows.append(dict(row, eval_seed=row.get("eval_seed", EVAL_SEED)))
+    if len(rows) < 2:
+        return "", rows
+    rows.sort(key=lambda r: r["eval_seed"])
+    key, name = COLUMNS[task][2][1], COLUMNS[task][2][0]  # the first level's pass rate
+    returns = [r["return_mean"] for r in rows]
+    line = (
+        f"starting model re-sampled at eval seeds {[r['eval_seed'] for r in rows]}: return "
+        + ", ".join(f"{x:.3f}" for x in returns)
+        + f" (range {max(returns) - min(returns):.3f}); {name} "
+        + ", ".join(f"{r[key]:.2f}" for r in rows)
+    )
+    return line, rows
 
 
 def load_runs(out_dir, task, unfinished: bool = False) -> list[dict]:
@@ -321,7 +364,11 @@ def report(task, out_dir, png_prefix, s, sweep_seed) -> str:
     mine = [r for r in runs if r["lr"] == chosen.get(r["method"])]
     lines = [f"## {task}: {s['describe']}", ""]
     if start:
-        lines.append(f"starting model: {start['prompt_form']} prompts, {start['episodes']} held-out plays")
+        played = start.get("played_as", "the model loaded as plain copies")
+        lines.append(f"starting model ({played}): {start['prompt_form']} prompts, {start['episodes']} held-out plays")
+    resampled, resample_rows = resample_line(out_dir, task, s)
+    if resampled:
+        lines.append(resampled)
     forms = sorted({r["eval"]["prompt_form"] for r in runs})
     lines.append(f"trained runs' prompts: {', '.join(forms) or '-'}")
     # Completeness against the issue's target (TASKS), not against this call's --budget / --seeds: a cut budget
@@ -345,7 +392,11 @@ def report(task, out_dir, png_prefix, s, sweep_seed) -> str:
             + cut
         )
     lines += ["", *(f"- {c}" for c in cells), ""]
+    drift = training_drift(mine, s["methods"])
+    if drift:
+        lines += [drift, ""]
     blob = dict(task=task, settings=s, start=start, chosen=chosen, runs=runs, stopped_early=stopped)
+    blob["start_resampled"] = resample_rows
     if (mine or stopped) and start:
         try:
             plot_curves(mine, stopped, task, f"{png_prefix}_{task}_curves.png", start["return_mean"], s)
@@ -360,6 +411,21 @@ def report(task, out_dir, png_prefix, s, sweep_seed) -> str:
     with open(os.path.join(out_dir, f"real_findings_{task}.json"), "w") as f:
         json.dump(blob, f, indent=1)
     return "\n".join(lines)
+
+
+def training_drift(runs, methods, k: int = 2) -> str:
+    """Each method's training return in its first k and last k iterations (mean over its runs): what the training
+    rollouts say moved, beside the held-out plays (the first k and the last k draw different prompts, so this is
+    a trend, not a paired measure)."""
+    parts = []
+    for m in methods:
+        curves_m = [[v for _, v in r["curve"]] for r in runs if r["method"] == m and len(r["curve"]) >= 2 * k]
+        if curves_m:
+            first = sum(sum(c[:k]) / k for c in curves_m) / len(curves_m)
+            last = sum(sum(c[-k:]) / k for c in curves_m) / len(curves_m)
+            ups = sum(sum(c[-k:]) > sum(c[:k]) for c in curves_m)
+            parts.append(f"{m.upper()} {first:.3f} -> {last:.3f} (up in {ups}/{len(curves_m)} runs)")
+    return f"training return, first {k} -> last {k} iterations: " + "; ".join(parts) if parts else ""
 
 
 def plot_curves(runs, stopped, task, path, start_return, s):
@@ -393,9 +459,9 @@ def child(task, what, seed, lr, s, out_dir):
     import torch
 
     torch.set_num_threads(1)
-    if what == "start":
-        row = dict(evaluate(task, s), model=MODEL)
-        path = start_path(out_dir, task, s)
+    if what == "start":  # `seed` is the sampling seed of the held-out plays here
+        row = dict(evaluate_start(task, s, eval_seed=seed), model=MODEL)
+        path = start_path(out_dir, task, s, seed)
     else:
         path = run_path(out_dir, task, what, seed, lr, s)
         os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -417,6 +483,13 @@ def main():
     p.add_argument("--sweep-seed", type=int, default=0, help="the seed every rate runs on; the others use the best")
     p.add_argument("--budget", type=int, default=None, help="env steps per run (default per task)")
     p.add_argument("--batch", type=int, default=None, help="episodes (PPO) or samples (MC) per iteration")
+    p.add_argument(
+        "--resample-seeds",
+        nargs="+",
+        type=int,
+        default=[],
+        help=f"also play the starting model at these sampling seeds (the table's is {EVAL_SEED}): the held-out noise",
+    )
     p.add_argument("--jobs", type=int, default=1, help="runs at once (separate processes, one CPU thread each)")
     p.add_argument("--out-dir", default=None, help="default docs/data/real_findings (/tmp/real_findings_smoke)")
     p.add_argument("--png-prefix", default=None, help="default docs/real_findings")
@@ -441,23 +514,31 @@ def main():
 
     def launch(job):
         what, seed, lr = job
-        path = start_path(out_dir, a.task, s) if what == "start" else run_path(out_dir, a.task, what, seed, lr, s)
+        path = start_path(out_dir, a.task, s, seed) if what == "start" else run_path(out_dir, a.task, what, seed, lr, s)
         if os.path.exists(path) or a.report_only:
             return
         cmd = [sys.executable, os.path.abspath(__file__), a.task, "--child", what, str(seed), repr(lr)]
         cmd += ["--out-dir", out_dir, "--budget", str(s["budget"]), "--batch", str(s["batch"])]
         cmd += ["--smoke"] if a.smoke else []
+        # The run's output goes to a file, not a pipe to this driver: a run outlives a stopped driver (a pipe
+        # with no reader kills the run at its next progress line, after an hour of training) and leaves its log.
+        log = path[: -len(".json")] + ".log"  # kept (git-ignored) only when the run fails
+        os.makedirs(os.path.dirname(log), exist_ok=True)
         t0 = time.time()
-        out = subprocess.run(
-            cmd, check=False, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1")
-        )
-        if out.returncode != 0:
-            print(f"  {what} seed {seed} lr {lr:g} FAILED:\n{out.stderr[-3000:]}", flush=True)
+        with open(log, "w") as f:
+            code = subprocess.run(
+                cmd, check=False, stdout=f, stderr=subprocess.STDOUT, env=dict(os.environ, OMP_NUM_THREADS="1")
+            ).returncode
+        if code != 0:
+            with open(log) as f:
+                print(f"  {what} seed {seed} lr {lr:g} FAILED (log: {log}):\n{f.read()[-3000:]}", flush=True)
             return
+        os.remove(log)
         print(f"  {a.task} {what} seed {seed} lr {lr:g}: done ({time.time() - t0:.0f}s)", flush=True)
 
     # 1) the starting model and the sweep seed at every rate (methods interleaved so load drifts hit them alike)
-    first = [("start", 0, 0.0)] + [(m, a.sweep_seed, lr) for lr in s["lrs"] for m in s["methods"]]
+    first = [("start", seed, 0.0) for seed in dict.fromkeys([EVAL_SEED, *a.resample_seeds])]
+    first += [(m, a.sweep_seed, lr) for lr in s["lrs"] for m in s["methods"]]
     with concurrent.futures.ThreadPoolExecutor(max_workers=a.jobs) as pool:
         list(pool.map(launch, first))
     # 2) the other seeds at each method's chosen rate

@@ -128,3 +128,44 @@ def test_code_levels_take_each_episodes_last_attempt():
     assert [e["total"] for e in eps] == [4.0, 1.5] and [e["turns"] for e in eps] == [1, 2]
     assert eps[0]["all_tests"] and not eps[1]["all_tests"]
     assert eps[1]["definitions"] == 1.0 and eps[1]["syntax"] == 0.5 and eps[1]["tests"] == 0.0
+
+
+def test_resampled_starting_model_gives_the_held_out_noise_line(tmp_path):
+    """The starting model played at other sampling seeds: the report states each seed's return and the range (the
+    change a trained team must beat), and a table with only the main seed's file states none."""
+    s = real_findings.settings("writing-summary", budget=16, batch=4)
+    (tmp_path / "writing-summary").mkdir()
+
+    def save(eval_seed, ret, l1):
+        ev = real_findings.summarize(
+            "writing-summary", [dict(total=ret, level1=l1, level2=0.0, level3=0.0, words=[20, 30])], 3.0
+        )
+        with open(real_findings.start_path(str(tmp_path), "writing-summary", s, eval_seed), "w") as f:
+            json.dump(dict(ev, eval_seed=eval_seed, prompt_form="chat"), f)
+
+    save(real_findings.EVAL_SEED, 0.7, 1.0)
+    assert real_findings.resample_line(str(tmp_path), "writing-summary", s)[0] == ""
+    save(1236, 0.5, 0.0)
+    save(1235, 0.6, 1.0)
+    assert real_findings.start_path(str(tmp_path), "writing-summary", s, 1235).endswith("start-t96-evalseed1235.json")
+    line, rows = real_findings.resample_line(str(tmp_path), "writing-summary", s)
+    assert [r["eval_seed"] for r in rows] == [1234, 1235, 1236]
+    assert line == (
+        "starting model re-sampled at eval seeds [1234, 1235, 1236]: return 0.700, 0.600, 0.500 (range 0.200); "
+        "L1 length pass 1.00, 1.00, 0.00"
+    )
+    text = real_findings.report("writing-summary", str(tmp_path), str(tmp_path / "fig"), s, 0)
+    assert line in text
+    blob = json.loads((tmp_path / "real_findings_writing-summary.json").read_text())
+    assert [r["eval_seed"] for r in blob["start_resampled"]] == [1234, 1235, 1236]
+
+
+def test_training_drift_compares_first_and_last_iterations_per_method():
+    runs = [
+        _run("cc", 0, 1e-3, [(8, 0.5), (16, 0.7), (24, 0.9), (32, 1.1)], 1.0),  # 0.6 -> 1.0
+        _run("cc", 1, 1e-3, [(8, 0.8), (16, 0.8), (24, 0.6), (32, 0.6)], 1.0),  # 0.8 -> 0.6
+        _run("mc", 0, 1e-3, [(8, 0.5), (16, 0.5)], 1.0),  # too short for 2 + 2 iterations: left out
+    ]
+    line = real_findings.training_drift(runs, ("cc", "dc", "mc"))
+    assert line == "training return, first 2 -> last 2 iterations: CC 0.700 -> 0.800 (up in 1/2 runs)"
+    assert real_findings.training_drift(runs[2:], ("mc",)) == ""
