@@ -66,7 +66,7 @@ TASKS = {
         eval_repeats=1,
         lrs=(3e-4, 1e-3),
         max_reward=4.0,
-        describe="aux + main, 2 turns with test feedback, level-gated reward (sandboxed tests)",
+        describe="aux + main, 2 turns with test feedback, level-gated reward (sandbox)",
     ),
 }
 SMOKE = dict(budget=8, batch=4, response_length=8, eval_limit=2, eval_repeats=1, seeds=(0,))
