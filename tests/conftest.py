@@ -11,23 +11,14 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import pytest
 import torch
 
-from trl_collm.testing import TOY_PROMPTS
+from trl_collm.testing import CPU_RUN_SETTINGS, TOY_PROMPTS
 
 # The models are tiny: one intra-op thread is fastest, and it avoids OpenMP spin-wait contention (100x slowdowns)
 # when the CPUs are shared with other processes.
 torch.set_num_threads(1)
 
-# Settings every CPU test run needs, PPO or MC (no bf16, no logging integrations, no checkpoints, no sample
-# generations, a log line per iteration).
-RUN_SETTINGS = dict(
-    use_cpu=True,
-    bf16=False,
-    report_to=[],
-    save_strategy="no",
-    num_sample_generations=0,
-    disable_tqdm=True,
-    logging_steps=1,
-)
+# Settings every CPU test run needs, PPO or MC (trl_collm.testing.CPU_RUN_SETTINGS).
+RUN_SETTINGS = dict(CPU_RUN_SETTINGS)
 
 # The PPO tests' defaults on top of them.
 CPU_DEFAULTS = dict(

@@ -15,6 +15,7 @@ import os
 
 import pytest
 import torch
+from conftest import RUN_SETTINGS
 from test_dropin import LORA_FLAGS, TEST_PROMPTS, TRAIN_PROMPTS, _run_script
 
 TASK = "coord-penalty"  # prompts of ~35 tokens: the cheapest built-in task for a real model
@@ -35,13 +36,7 @@ def _settings(tmp, **overrides):
     kwargs = dict(
         output_dir=str(tmp),
         agent_names=get_task(TASK).agent_names,
-        use_cpu=True,
-        bf16=False,
-        report_to=[],
-        save_strategy="no",
-        num_sample_generations=0,
-        disable_tqdm=True,
-        logging_steps=1,
+        **RUN_SETTINGS,
         seed=0,
         per_device_train_batch_size=2,
         learning_rate=1e-3,

@@ -21,20 +21,11 @@ import tempfile
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from trl_collm.testing import TOY_PROMPTS  # noqa: E402
+from trl_collm.testing import CPU_RUN_SETTINGS, TOY_PROMPTS  # noqa: E402
 
 PROMPTS = list(TOY_PROMPTS)
 
-RUN = dict(
-    use_cpu=True,
-    bf16=False,
-    report_to=[],
-    save_strategy="no",
-    num_sample_generations=0,
-    disable_tqdm=True,
-    logging_steps=1,
-    seed=0,
-)
+RUN = dict(CPU_RUN_SETTINGS, seed=0)
 CASES = {
     "ppo_cc_sep_2turn": ("ppo", dict(critic_type="centralized", num_turns=2, agent_context="history", env=True)),
     "ppo_dc_lora_topk": ("ppo", dict(critic_type="decentralized", lora=True, top_k=5, top_p=0.9, temperature=0.8)),

@@ -36,6 +36,7 @@ from transformers import (
 __all__ = [
     "DEFAULT_CORPUS",
     "TOY_PROMPTS",
+    "CPU_RUN_SETTINGS",
     "MODEL_SIZES",
     "build_tokenizer",
     "build_causal_lm",
@@ -157,6 +158,19 @@ TOY_PROMPTS = (
     "the critic gives a value to",
     "agent one checks the code and",
     "red wool",
+)
+
+
+# Trainer settings every CPU run of the toy and test setups needs, PPO or MC: no bf16, no logging integrations, no
+# checkpoints, no sample generations, a log line per iteration (the test-suite and tools/record_runs.py share them).
+CPU_RUN_SETTINGS = dict(
+    use_cpu=True,
+    bf16=False,
+    report_to=[],
+    save_strategy="no",
+    num_sample_generations=0,
+    disable_tqdm=True,
+    logging_steps=1,
 )
 
 
