@@ -52,8 +52,16 @@ def _one_line_error(capsys, argv, after_training: bool = False) -> str:
     return err
 
 
-def _fake_team(root: Path, model_dir: str, agents: list[str], num_turns: int, response_length: int = 4) -> Path:
-    """A saved-team folder as save_model() writes it (team.json + one model folder per agent), without training."""
+def _fake_team(
+    root: Path,
+    model_dir: str,
+    agents: list[str],
+    num_turns: int = 1,
+    response_length: int = 4,
+    task: dict | None = None,
+) -> Path:
+    """A saved-team folder as save_model() writes it (team.json + one model folder per agent, and the task record
+    when given), without training."""
     root.mkdir(parents=True, exist_ok=True)
     for a in agents:
         shutil.copytree(model_dir, root / a)
@@ -67,6 +75,8 @@ def _fake_team(root: Path, model_dir: str, agents: list[str], num_turns: int, re
         "agent_folders": {a: a for a in agents},
         "generation": {"response_length": response_length, "temperature": 1.0},
     }
+    if task is not None:
+        desc["task"] = task
     (root / "team.json").write_text(json.dumps(desc))
     return root
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from test_cli_usability import _fake_team
 
 from trl_collm.cli import UsageError, main
 
@@ -40,27 +40,6 @@ def no_model_loads(monkeypatch):
 
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", refuse)
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", refuse)
-
-
-def _fake_team(root: Path, model_dir: str, agents: list[str], task: dict | None = None) -> Path:
-    """A saved-team folder as save_model() writes it, without training (team.json + one model folder per agent)."""
-    root.mkdir(parents=True, exist_ok=True)
-    for a in agents:
-        shutil.copytree(model_dir, root / a)
-    desc = {
-        "format": "trl-collm-team/1",
-        "agents": agents,
-        "layout": "separate",
-        "trainer": "MultiAgentPPOTrainer",
-        "num_turns": 1,
-        "preset": None,
-        "agent_folders": {a: a for a in agents},
-        "generation": {"response_length": 2, "temperature": 1.0},
-    }
-    if task is not None:
-        desc["task"] = task
-    (root / "team.json").write_text(json.dumps(desc))
-    return root
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -295,7 +274,7 @@ def test_code_feedback_with_a_surrogate_reaches_the_tokenizer_clean(qwen_path):
 
 
 def test_eval_mistakes_are_one_line(tmp_path, capsys, qwen_path):
-    team = _fake_team(tmp_path / "team", qwen_path, ["player_1", "player_2"])
+    team = _fake_team(tmp_path / "team", qwen_path, ["player_1", "player_2"], response_length=2)
     base = ["eval", "--team_dir", str(team), "--task", "coord-penalty"]
     assert "--limit 0" in _one_line_error(capsys, [*base, "--limit", "0"])
     err = _one_line_error(capsys, [*base, "--split", "test"])
@@ -306,7 +285,7 @@ def test_eval_mistakes_are_one_line(tmp_path, capsys, qwen_path):
 
 
 def test_a_truncated_weights_file_is_named(tmp_path, capsys, qwen_path):
-    team = _fake_team(tmp_path / "team", qwen_path, ["player_1", "player_2"])
+    team = _fake_team(tmp_path / "team", qwen_path, ["player_1", "player_2"], response_length=2)
     weights = team / "player_2" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
     err = _one_line_error(capsys, ["eval", "--team_dir", str(team), "--task", "coord-penalty", "--limit", "1"])
@@ -327,7 +306,7 @@ def test_a_missing_local_team_folder_is_not_a_repo_id_error(tmp_path):
 
 def test_eval_defaults_to_the_recorded_task_and_refuses_another(tmp_path, capsys, qwen_path):
     record = {"name": "coord-numbers", "ref": "coord-numbers", "options": {"num_agents": 2}, "dataset_source": None}
-    team = _fake_team(tmp_path / "team", qwen_path, ["agent_1", "agent_2"], task=record)
+    team = _fake_team(tmp_path / "team", qwen_path, ["agent_1", "agent_2"], response_length=2, task=record)
     capsys.readouterr()
     assert main(["eval", "--team_dir", str(team), "--limit", "2"]) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["task"] == "coord-numbers"
@@ -356,7 +335,7 @@ def test_the_card_snippet_plays_with_the_training_task_options(tmp_path, monkeyp
     from trl_collm.cards import team_card
 
     agents = ["agent_1", "agent_2", "agent_3"]
-    team = _fake_team(tmp_path / "trio", qwen_path, agents)
+    team = _fake_team(tmp_path / "trio", qwen_path, agents, response_length=2)
     facts = {
         "agents": agents,
         "agent_folders": {a: a for a in agents},
