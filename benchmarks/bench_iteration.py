@@ -21,7 +21,7 @@ This is a benchmark, not a test. Examples::
     python benchmarks/bench_iteration.py --model smollm2-135m-instruct --lora --configs collm --batch 2 \
         --response-length 24 --threads 2            # the real model: a 2-agent LoRA team on one shared base
 
-``--model`` takes a model folder or a packaged name (`trl_collm.models`) in place of the tiny factory's sizes;
+``--model`` takes a model folder or a packaged name (`trl_collm.team.pretrained`) in place of the tiny factory's sizes;
 ``--lora`` trains one LoRA adapter per agent (r=4 on q_proj / v_proj) on one shared base, the critic being one more
 adapter with a value head (the library's default for a LoRA team), instead of separate full models.
 """
@@ -114,7 +114,7 @@ class PhaseTimer:
 def _model_paths(size: str, opts) -> list[str]:
     """The two agents' folders: a real model (`--model`, both agents from it) or two tiny factory models."""
     if opts.model:
-        from trl_collm.models import resolve_model_name
+        from trl_collm.team.pretrained import resolve_model_name
 
         return [resolve_model_name(opts.model)] * 2
     from trl_collm.testing import tiny_model_dir

@@ -15,7 +15,7 @@ iteration, report the peak RSS and the RSS right after imports (the interpreter 
     python benchmarks/bench_memory.py --model smollm2-135m-instruct --agents 2 --layouts lora   # the real model
     python benchmarks/bench_memory.py --model smollm2-135m-instruct --logprobs --batch 8 --response-length 64
 
-`--model` takes a model folder or a packaged name (`trl_collm.models`) instead of the tiny factory's `--size`.
+`--model` takes a model folder or a packaged name (`trl_collm.team.pretrained`) instead of the tiny factory's `--size`.
 `--logprobs` measures the policy-loss forward + backward alone (one agent of a LoRA team, `--batch` rows of
 `--response-length` tokens): the library's `AgentTeam.logprobs` (gather minus logsumexp, entropy without grad)
 against the textbook way (log-softmax over the whole vocabulary, gather, entropy with grad), as the peak resident
@@ -53,7 +53,7 @@ def current_rss_mib() -> float:
 def model_path(size: str, model: str | None) -> str:
     """A real model (`--model`: a folder or packaged name) or the tiny factory's model of `size`."""
     if model:
-        from trl_collm.models import resolve_model_name
+        from trl_collm.team.pretrained import resolve_model_name
 
         return resolve_model_name(model)
     from trl_collm.testing import tiny_model_dir
@@ -253,7 +253,7 @@ def child_logprobs(variant: str, size: str, batch: int, length: int, model: str 
     from peft import LoraConfig
 
     from trl_collm import MultiAgentPPOConfig, MultiAgentPPOTrainer
-    from trl_collm.prefix import position_ids_from_mask
+    from trl_collm.team.prefix import position_ids_from_mask
 
     torch.set_num_threads(1)
     args = MultiAgentPPOConfig(

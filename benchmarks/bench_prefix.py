@@ -3,7 +3,7 @@
 For each (task, trainer) case it builds the same 2-agent team twice, once with `share_prompt_prefix=True` (the
 default) and once with False, and times training iterations on the same dataset rows, alternating the two run by
 run (one warm-up iteration each, then `--iterations` timed ones). It also reports how many tokens the shared-prefix
-cuts skipped out of the tokens the training forwards would otherwise compute (counted in `trl_collm.prefix`).
+cuts skipped out of the tokens the training forwards would otherwise compute (counted in `trl_collm.team.prefix`).
 
 Cases (offline tiny random-init Qwen2 models, 16 new tokens per answer, batch 8 episodes):
 - writing-summary, MC (G = 4): ~1,200-token prompts (instructions + a post); the G samples of a prompt repeat rows;
@@ -41,10 +41,10 @@ CASES = {  # name: (task, trainer, team layout)
 
 
 class TokenCounter:
-    """Wraps trl_collm.prefix.plan_split: tokens the forwards were given, and how many the chosen cut skipped."""
+    """Wraps trl_collm.team.prefix.plan_split: tokens the forwards were given, and how many the chosen cut skipped."""
 
     def __init__(self):
-        import trl_collm.prefix as prefix
+        import trl_collm.team.prefix as prefix
 
         self.prefix, self.plain_split = prefix, prefix.plan_split
         self.total = self.saved = 0

@@ -31,7 +31,7 @@ def main():
     p.add_argument("--json", default=None)
     a = p.parse_args()
     torch.set_num_threads(1)
-    from trl_collm import prefix
+    from trl_collm.team import prefix
     from trl_collm.testing import build_causal_lm, build_tokenizer
 
     results = []

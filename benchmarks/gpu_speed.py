@@ -7,9 +7,9 @@ generate() with a static cache and a compiled decode step, side by side.
     python benchmarks/gpu_speed.py --static-cache --batches 16 64 256            # GPU: issue 21 part 4's lever
 
 `--model`: a model path or name instead of the factory's random-init agents (vLLM needs head sizes its kernels
-support: SmolLM2-135M-Instruct runs). `--vllm` adds a vLLM column (trl_collm/vllm_backend.py; vLLM installed as
-docs/generation.md says); `--static-cache` adds generate() with `cache_implementation="static"`, whose decode step
-transformers compiles (no shared-prefix prefill there: that path hands generate() a dynamic cache).
+support: SmolLM2-135M-Instruct runs). `--vllm` adds a vLLM column (trl_collm/generation/vllm_backend.py; vLLM
+installed as docs/generation.md says); `--static-cache` adds generate() with `cache_implementation="static"`, whose
+decode step transformers compiles (no shared-prefix prefill there: that path hands generate() a dynamic cache).
 
 Builds a MultiAgentPPOTrainer on two random-init agents from the offline factory (`--size 0.5b`: 24 layers, 1152
 hidden, ~0.48B parameters each) and times `trainer.rollout(rows)` (prompts -> both agents' completions -> rewards,
@@ -45,7 +45,7 @@ class _StaticCacheGenerate:
     compiles the decode step once per shape)."""
 
     def __init__(self, **kwargs):
-        from trl_collm.generation import GenerateBackend
+        from trl_collm.generation.backends import GenerateBackend
 
         self.inner = GenerateBackend(**kwargs)
         self.records_logprobs = self.inner.records_logprobs
@@ -86,7 +86,7 @@ def main():
     from datasets import Dataset
 
     from trl_collm import MultiAgentPPOConfig, MultiAgentPPOTrainer
-    from trl_collm.generation import ContinuousBatchingBackend, GenerateBackend
+    from trl_collm.generation.backends import ContinuousBatchingBackend, GenerateBackend
     from trl_collm.testing import tiny_model_dir
 
     cuda = torch.cuda.is_available()
@@ -116,7 +116,7 @@ def main():
     for i, config in enumerate(a.cb_config):
         backends["continuous_batching" + (f"_{i}" if i else "")] = ContinuousBatchingBackend(json.loads(config))
     if a.vllm:
-        from trl_collm.vllm_backend import VLLMBackend
+        from trl_collm.generation.vllm_backend import VLLMBackend
 
         backends["vllm"] = VLLMBackend.from_config(args)
     if a.static_cache:

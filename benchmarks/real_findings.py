@@ -1,4 +1,4 @@
-"""The paper's tasks learned by a real model: LoRA teams of SmolLM2-135M-Instruct (trl_collm.models) on
+"""The paper's tasks learned by a real model: LoRA teams of SmolLM2-135M-Instruct (trl_collm.team.pretrained) on
 writing-summary (the paper's TLDR task: CC vs DC vs MC) and code-humaneval (2 turns, sandbox on: CC vs MC).
 
 Every method trains LoRA adapters (one per agent, plus the critic's for CC/DC) on the same shared base, from the
@@ -161,8 +161,8 @@ def evaluate(task: str, s: dict, team, eval_seed: int = EVAL_SEED) -> dict:
     """`team` on the held-out rows, sampled at temperature 1 with sampling seed `eval_seed`."""
     from transformers import AutoTokenizer
 
-    from trl_collm.models import smollm2_135m_instruct
     from trl_collm.tasks import get_task
+    from trl_collm.team.pretrained import smollm2_135m_instruct
     from trl_collm.warmstart import rollout_team
 
     rows = list(get_task(task).load_dataset("eval"))

@@ -31,10 +31,10 @@ def main():
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from trl_collm import algorithms as alg
-    from trl_collm.modeling import left_pad
-    from trl_collm.models import smollm2_135m_instruct
-    from trl_collm.sampling import SamplingSettings
-    from trl_collm.vllm_backend import VLLMBackend
+    from trl_collm.generation.sampler import SamplingSettings
+    from trl_collm.generation.vllm_backend import VLLMBackend
+    from trl_collm.team.modeling import left_pad
+    from trl_collm.team.pretrained import smollm2_135m_instruct
 
     path = smollm2_135m_instruct()
     tok = AutoTokenizer.from_pretrained(path)

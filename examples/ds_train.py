@@ -196,21 +196,21 @@ def main():
     torch.set_num_threads(1)
     from datasets import Dataset
 
-    import trl_collm.prefix
+    import trl_collm.team.prefix
 
     shared_prefix_used = []  # how many forwards computed a shared prefix once (reported in metrics.json)
-    plain_split = trl_collm.prefix.plan_split
+    plain_split = trl_collm.team.prefix.plan_split
 
     def counting_split(*a, **k):
         split = plain_split(*a, **k)
         shared_prefix_used.append(split is not None)
         return split
 
-    trl_collm.prefix.plan_split = counting_split
+    trl_collm.team.prefix.plan_split = counting_split
     if cli.instructions:
         # The tiny model's layers are so cheap that the cost model would run the plain forward; this option exists to
         # exercise the shared-prefix forward under DeepSpeed, so every cut that saves tokens is taken.
-        trl_collm.prefix.CALL_COST_TOKENS = 0
+        trl_collm.team.prefix.CALL_COST_TOKENS = 0
 
     from trl_collm import MultiAgentMCConfig, MultiAgentMCTrainer, MultiAgentPPOConfig, MultiAgentPPOTrainer
     from trl_collm.testing import tiny_model_dir

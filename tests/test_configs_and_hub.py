@@ -185,8 +185,8 @@ def test_push_without_critic_and_load_team_round_trip(tmp_path, monkeypatch):
     import transformers.trainer as hf_trainer
     from peft import LoraConfig
 
+    from trl_collm.generation.sampler import SamplingSettings
     from trl_collm.inference import load_team, play
-    from trl_collm.sampling import SamplingSettings
     from trl_collm.tasks import get_task
     from trl_collm.testing import tiny_model_dir
 

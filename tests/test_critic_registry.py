@@ -95,8 +95,8 @@ def test_a_registered_critic_type_builds_its_views_and_trains(
 
 
 def test_built_in_layouts_describe_themselves_for_cards_and_plots():
+    from trl_collm.cli.plotting import curve_title
     from trl_collm.critics import CentralizedCritic
-    from trl_collm.plotting import curve_title
 
     assert CentralizedCritic.describe_layout()[0] == "CoLLM-CC, centralized critic"
     assert DecentralizedCritic.describe_layout()[1].startswith("CoLLM-DC: ")

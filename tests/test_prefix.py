@@ -1,13 +1,14 @@
-"""The shared-prefix forward (trl_collm/prefix.py) gives the plain forward's numbers while computing the prefix once."""
+"""The shared-prefix forward (trl_collm/team/prefix.py) gives the plain forward's numbers while computing the prefix
+once."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from trl_collm import prefix
-from trl_collm.modeling import left_pad
-from trl_collm.prefix import position_ids_from_mask
+from trl_collm.team import prefix
+from trl_collm.team.modeling import left_pad
+from trl_collm.team.prefix import position_ids_from_mask
 
 INSTRUCTION = list(range(40, 70))  # 30 tokens every row starts with
 
@@ -362,8 +363,8 @@ def test_mixed_adapter_generation_shares_a_head_only_within_an_adapter(tmp_path,
     from peft import LoraConfig
 
     from trl_collm import MultiAgentPPOConfig, MultiAgentPPOTrainer
-    from trl_collm.generation import GenerateBackend
-    from trl_collm.sampling import Sampler, SamplingSettings
+    from trl_collm.generation.backends import GenerateBackend
+    from trl_collm.generation.sampler import Sampler, SamplingSettings
 
     args = MultiAgentPPOConfig(
         output_dir=str(tmp_path / "o"), num_agents=2, response_length=5, per_device_train_batch_size=4, **RUN_SETTINGS

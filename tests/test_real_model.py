@@ -73,7 +73,7 @@ def _play(team):
     params = inspect.signature(play).parameters
     if "max_new_tokens" in params:
         return play(team, env, rows, max_new_tokens=NEW_TOKENS, greedy=True)
-    from trl_collm.sampling import SamplingSettings  # the sampling seam: one settings record
+    from trl_collm.generation.sampler import SamplingSettings  # the sampling seam: one settings record
 
     return play(team, env, rows, settings=SamplingSettings(max_new_tokens=NEW_TOKENS, greedy=True))
 
@@ -191,7 +191,7 @@ def test_cli_eval_scores_the_saved_real_model_team(cc_lora, capsys):
 def test_logprobs_equal_the_full_log_softmax_and_keep_no_entropy_graph(cc_lora):
     """The 49k-vocabulary log-softmax is never materialised for the loss (gather minus logsumexp), yet the numbers are
     the textbook ones; the logged entropy holds no autograd graph (it kept 2 full-vocabulary tensors alive)."""
-    from trl_collm.prefix import position_ids_from_mask
+    from trl_collm.team.prefix import position_ids_from_mask
 
     team = cc_lora["trainer"].team
     a = team.names[0]

@@ -112,7 +112,7 @@ def test_agent_names_refused_as_model_dict_keys(tmp_path, make_config, prompts_d
 
 
 def test_team_json_with_a_bad_agent_name_or_folder_is_refused(tmp_path):
-    from trl_collm.saved_team import TEAM_FILE, read_team_file
+    from trl_collm.team.saved import TEAM_FILE, read_team_file
 
     team = {"agents": ["a", "../b"], "layout": "separate", "agent_folders": {"a": "a", "../b": "../b"}}
     (tmp_path / TEAM_FILE).write_text(json.dumps(team))
@@ -254,8 +254,8 @@ def two_saves(tmp_path, make_config, prompts_dataset, qwen_path):
 
 
 def test_full_disk_while_saving_over_a_team_keeps_the_older_team_whole(two_saves, monkeypatch):
-    from trl_collm.saved_team import load_team
-    from trl_collm.team import AgentTeam
+    from trl_collm.team.agents import AgentTeam
+    from trl_collm.team.saved import load_team
 
     tr, folder, old, new = two_saves
     save_agent = AgentTeam.save_agent
@@ -274,7 +274,7 @@ def test_full_disk_while_saving_over_a_team_keeps_the_older_team_whole(two_saves
 
 
 def test_save_killed_while_moving_into_place_is_refused_as_incomplete(two_saves, monkeypatch):
-    import trl_collm.saved_team as saved_team
+    from trl_collm.team import saved
 
     tr, folder, _, _ = two_saves
     replace = os.replace
@@ -283,20 +283,20 @@ def test_save_killed_while_moving_into_place_is_refused_as_incomplete(two_saves,
     def killed_after_one_move(src, dst):
         if moved:
             raise KeyboardInterrupt  # the process dies between two renames
-        if saved_team.TMP_FOLDER in src:
+        if saved.TMP_FOLDER in src:
             moved.append(dst)
         replace(src, dst)
 
-    monkeypatch.setattr(saved_team.os, "replace", killed_after_one_move)
+    monkeypatch.setattr(saved.os, "replace", killed_after_one_move)
     with pytest.raises(KeyboardInterrupt):
         tr.save_model(str(folder))
-    monkeypatch.setattr(saved_team.os, "replace", replace)
+    monkeypatch.setattr(saved.os, "replace", replace)
     with pytest.raises(ValueError, match=re.escape(repr(str(folder))) + " holds an incomplete team"):
-        saved_team.load_team(str(folder))
+        saved.load_team(str(folder))
 
 
 def test_load_team_refuses_a_folder_mixing_two_saves(two_saves, tmp_path):
-    from trl_collm.saved_team import load_team
+    from trl_collm.team.saved import load_team
 
     tr, folder, _, _ = two_saves
     tr.save_model(str(tmp_path / "newer"))
@@ -348,7 +348,7 @@ def test_resume_onto_another_base_of_the_same_shapes_is_refused(
 def test_fingerprint_samples_stay_inside_tensors_above_float32_precision():
     """SmolLM2's embedding has 49,152 x 576 = 28,311,552 elements: a float32 linspace put its last sample at
     index 28,311,552 (out of bounds), so a LoRA team of the real model could not start training."""
-    from trl_collm.saved_team import _sample_indices
+    from trl_collm.team.saved import _sample_indices
 
     for n in (1, 5, 64, 65, 2**24 + 1, 49_152 * 576):
         idx = _sample_indices(n, 64)

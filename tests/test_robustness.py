@@ -17,8 +17,8 @@ import torch
 from transformers import HfArgumentParser
 
 from trl_collm import MultiAgentMCConfig, MultiAgentPPOConfig, MultiAgentPPOTrainer
-from trl_collm.ranges import INHERITED_RANGES, UNIT, Range
 from trl_collm.trainers import checkpoints
+from trl_collm.trainers.ranges import INHERITED_RANGES, UNIT, Range
 
 
 def ok_reward(prompts, completions, **kwargs):
@@ -395,7 +395,7 @@ def test_pad_without_an_embedding_row_never_reaches_a_model(tmp_path, make_confi
     embed wherever padding is written, for the policy, the critic and generation alike."""
     from transformers import AutoTokenizer
 
-    from trl_collm.modeling import input_pad_id
+    from trl_collm.team.modeling import input_pad_id
     from trl_collm.testing import save_tiny_model
 
     path = save_tiny_model(tmp_path, "llama-family", family="llama")

@@ -1,6 +1,6 @@
-"""The sampling seam (trl_collm/sampling.py): the `SamplingSettings` record (from a config, to generate() kwargs, to and
-from team.json), the backend contract and registry, `weights_changed()` after every update, and a saved team sampled
-by eval exactly as training sampled it."""
+"""The sampling seam (trl_collm/generation/sampler.py): the `SamplingSettings` record (from a config, to generate()
+kwargs, to and from team.json), the backend contract and registry, `weights_changed()` after every update, and a
+saved team sampled by eval exactly as training sampled it."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from trl_collm import MultiAgentMCConfig, MultiAgentMCTrainer, MultiAgentPPOTrainer
-from trl_collm.generation import GenerateBackend, make_backend
-from trl_collm.sampling import (
+from trl_collm.generation.backends import GenerateBackend, make_backend
+from trl_collm.generation.sampler import (
     BACKENDS,
     GenerationBackend,
     Sampler,
@@ -88,9 +88,9 @@ def test_backends_register_by_name_and_are_built_from_the_arguments(monkeypatch)
     assert isinstance(make_backend(None), GenerateBackend)
     built = make_backend(types.SimpleNamespace(local_rollout_forward_batch_size=3, share_prompt_prefix=False))
     assert (built.batch_size, built.share_prefix) == (3, False)
-    from trl_collm import generation
+    from trl_collm.generation import backends
 
-    monkeypatch.setattr(generation, "backend_name", lambda args: "nope")
+    monkeypatch.setattr(backends, "backend_name", lambda args: "nope")
     with pytest.raises(ValueError, match=r"generation backend 'nope' is not available \(registered: "):
         make_backend(None)
     monkeypatch.undo()

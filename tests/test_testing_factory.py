@@ -260,7 +260,7 @@ def test_importing_the_library_leaves_the_environment_alone():
 
     code = (
         "import os; before = dict(os.environ); "
-        "import trl_collm, trl_collm.testing, trl_collm.warmstart, trl_collm.cli, trl_collm.models; "
+        "import trl_collm, trl_collm.testing, trl_collm.warmstart, trl_collm.cli, trl_collm.team.pretrained; "
         "changed = sorted(k for k in set(before) | set(os.environ) if before.get(k) != os.environ.get(k)); "
         "print(changed)"
     )

@@ -293,7 +293,7 @@ def test_a_truncated_weights_file_is_named(tmp_path, capsys, qwen_path):
 
 
 def test_a_missing_local_team_folder_is_not_a_repo_id_error(tmp_path):
-    from trl_collm.saved_team import load_team
+    from trl_collm.team.saved import load_team
 
     with pytest.raises(FileNotFoundError, match="no such folder"):
         load_team(str(tmp_path / "no" / "team"))
@@ -319,7 +319,7 @@ def test_eval_defaults_to_the_recorded_task_and_refuses_another(tmp_path, capsys
 
 
 def test_card_names_are_portable():
-    from trl_collm.cards import portable_name
+    from trl_collm.team.card import portable_name
 
     assert portable_name("Qwen/Qwen2.5-0.5B") == "Qwen/Qwen2.5-0.5B"
     assert portable_name("/root/.cache/trl_collm/tiny-models/tiny-qwen2") == "tiny-qwen2"
@@ -332,7 +332,7 @@ def test_the_card_snippet_plays_with_the_training_task_options(tmp_path, monkeyp
     inside the team folder."""
     import re
 
-    from trl_collm.cards import team_card
+    from trl_collm.team.card import team_card
 
     agents = ["agent_1", "agent_2", "agent_3"]
     team = _fake_team(tmp_path / "trio", qwen_path, agents, response_length=2)
@@ -374,7 +374,7 @@ def _card_trainer(log_history, best_step=None, global_step=6):
 
 
 def test_the_card_reports_the_evaluation_of_the_saved_weights():
-    from trl_collm.cards import _evaluation, _results
+    from trl_collm.team.card import _evaluation, _results
 
     history = [
         {"loss": 1.0, "step": 2},
@@ -404,7 +404,7 @@ def test_the_card_reports_the_evaluation_of_the_saved_weights():
 
 @pytest.mark.parametrize("kind", ["ppo", "mc"])
 def test_top_k_zero_means_off(kind):
-    from trl_collm.configs import MultiAgentMCConfig, MultiAgentPPOConfig
+    from trl_collm import MultiAgentMCConfig, MultiAgentPPOConfig
 
     cls = MultiAgentPPOConfig if kind == "ppo" else MultiAgentMCConfig
     args = cls(output_dir="unused", use_cpu=True, bf16=False, report_to=[], top_k=0)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from trl_collm.views import centralized_view, decentralized_view, history_context
+from trl_collm.chat import history_context
+from trl_collm.critics.views import centralized_view, decentralized_view
 
 NAMES = ["alpha", "beta"]
 MARKERS = {"alpha": "ALPHA-marker", "beta": "BETA-marker"}

@@ -22,9 +22,9 @@ except ImportError as e:  # pragma: no cover - depends on the venv
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
-from trl_collm.modeling import left_pad  # noqa: E402
-from trl_collm.sampling import SamplingSettings  # noqa: E402
-from trl_collm.vllm_backend import VLLMBackend  # noqa: E402
+from trl_collm.generation.sampler import SamplingSettings  # noqa: E402
+from trl_collm.generation.vllm_backend import VLLMBackend  # noqa: E402
+from trl_collm.team.modeling import left_pad  # noqa: E402
 
 QUESTIONS = ["What is 2 + 3?", "Name a red fruit.", "Say hello in French.", "What color is the sky?"]
 NEW_TOKENS = 12

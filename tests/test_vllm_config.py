@@ -12,8 +12,9 @@ import pytest
 import torch
 from conftest import RUN_SETTINGS
 
-from trl_collm import MultiAgentMCConfig, MultiAgentPPOConfig, vllm_backend
+from trl_collm import MultiAgentMCConfig, MultiAgentPPOConfig
 from trl_collm import algorithms as alg
+from trl_collm.generation import vllm_backend
 
 VLLM_FIELDS = {
     "use_vllm": False,

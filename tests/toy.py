@@ -6,7 +6,7 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig
 
-from trl_collm.sampling import Generation
+from trl_collm.generation.sampler import Generation
 
 V = 7  # toy vocabulary size
 

@@ -9,17 +9,17 @@ from __future__ import annotations
 
 import importlib
 
-from .load_report import install_value_head_report_filter
+from .team.load_report import install_value_head_report_filter
 
 __version__ = "0.1.0"
 
 # public name -> submodule that defines it
 _EXPORTS = {
-    "PRESETS": "configs",
-    "MC_PRESETS": "configs",
-    "MultiAgentPPOConfig": "configs",
-    "MultiAgentMCConfig": "configs",
-    "TeamConfig": "configs",
+    "PRESETS": "trainers.ppo_config",
+    "MC_PRESETS": "trainers.mc_config",
+    "MultiAgentPPOConfig": "trainers.ppo_config",
+    "MultiAgentMCConfig": "trainers.mc_config",
+    "TeamConfig": "trainers.team_config",
     "MultiAgentEnv": "envs",
     "RewardFunctionEnv": "envs",
     "RewardModelFunction": "envs",

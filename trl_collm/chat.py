@@ -7,7 +7,7 @@ Three kinds of observation reach an agent (docs/chat.md):
 * a plain string or token ids: used as they are (no template is applied, as in TRL for non-conversational data);
 * a conversation (list of messages): rendered with the agent's template and `add_generation_prompt=True`; an agent
   whose tokenizer has no template gets the *plain rendering*, the messages' contents joined by newlines (the same
-  text `views.history_context` builds from a plain multi-turn history, so the two agree);
+  text `history_context` builds from a plain multi-turn history, so the two agree);
 * a `ChatPrompt`: a string that also carries a chat form (the built-in tasks return these). Agents with a template
   get the chat form rendered, agents without one the string itself, unchanged.
 
@@ -105,8 +105,20 @@ def wants_chat(tokenizer, observations: Sequence) -> bool:
     """Whether an agent's multi-turn history is rendered as a conversation: its tokenizer has a template and an
     observation came as messages (a conversation or a ChatPrompt). Otherwise the history is plain text, each
     observation as `agent_prompt` gives it (a conversation's plain rendering, a ChatPrompt's text) joined with the
-    answers (`views.history_context`), which is also the plain rendering of the whole conversation."""
+    answers (`history_context`), which is also the plain rendering of the whole conversation."""
     return has_template(tokenizer) and any(is_conversation(o) or isinstance(o, ChatPrompt) for o in observations)
+
+
+def history_context(observations: list[str], completions: list[str]) -> str:
+    """An agent's local history h_t = o_0, a_0, ..., o_t as one prompt (used with agent_context='history')."""
+    if len(observations) != len(completions) + 1:
+        raise ValueError("history_context needs one more observation than completions.")
+    pieces = []
+    for obs, act in zip(observations, completions):
+        pieces.append(obs)
+        pieces.append(act)
+    pieces.append(observations[-1])
+    return "\n".join(pieces)
 
 
 def history_messages(observations: Sequence, completions: Sequence[str], decode) -> list[dict]:

@@ -13,11 +13,11 @@ import os
 
 import torch
 
-from .generation import make_backend
+from .generation.backends import make_backend
+from .generation.sampler import GenerationBackend, Sampler, SamplingSettings
 from .rollout import run_episodes
-from .sampling import GenerationBackend, Sampler, SamplingSettings
-from .saved_team import TEAM_FILE, load_team, read_team_file  # noqa: F401  (the saved-team format lives there)
-from .team import AgentTeam
+from .team.agents import AgentTeam
+from .team.saved import TEAM_FILE, load_team, read_team_file  # noqa: F401  (the saved-team format lives there)
 
 
 def saved_settings(folder: str, greedy: bool = True, **overrides) -> SamplingSettings:

@@ -13,9 +13,8 @@ import torch
 
 from . import chat
 from .envs import MultiAgentEnv
-from .sampling import Generation, Sampler
-from .team import Observation
-from .views import history_context
+from .generation.sampler import Generation, Sampler
+from .team.agents import Observation
 
 
 @dataclass
@@ -72,7 +71,7 @@ def _prompts_for(team, observations, episode_ids, histories, agent_context, t):
 
 def _history_prompt(team, agent, observations, completions) -> str:
     """The agent's history h_t = o_0, a_0, ..., o_t as one prompt: its conversation rendered with its template when
-    it is a chat, else the texts joined (views.history_context)."""
+    it is a chat, else the texts joined (chat.history_context)."""
     tok = team.tokenizers[agent]
 
     def decode(ids):
@@ -80,7 +79,7 @@ def _history_prompt(team, agent, observations, completions) -> str:
 
     if chat.wants_chat(tok, observations):
         return chat.render(tok, chat.history_messages(observations, completions, decode))
-    return history_context([decode(chat.agent_prompt(tok, o)) for o in observations], completions)
+    return chat.history_context([decode(chat.agent_prompt(tok, o)) for o in observations], completions)
 
 
 def _play_turn(sampler, env, observations, episodes, histories, agent_context, t, turn_ids):

@@ -336,11 +336,11 @@ def rollout_team(
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .generation import make_backend
+    from .generation.backends import make_backend
+    from .generation.sampler import Sampler, SamplingSettings
     from .rollout import run_episodes
-    from .sampling import Sampler, SamplingSettings
     from .tasks import get_task
-    from .team import AgentTeam
+    from .team.agents import AgentTeam
 
     if task == "writing-tags":
         from .tasks import tags  # noqa: F401  (registers the task)

@@ -4,8 +4,8 @@
     python examples/configs/make_configs.py --check  # exits 1 if a committed file differs from what it would write
 
 Each YAML is a TrlParser config for `trl-collm ppo` (cc, dc) or `trl-collm mc` (mc): its keys are fields of
-`TaskArguments` (trl_collm/cli/common.py), of `MultiAgentPPOConfig` / `MultiAgentMCConfig` (trl_collm/configs.py) and of
-TRL's `ModelConfig`. Command-line flags override the file.
+`TaskArguments` (trl_collm/cli/common.py), of `MultiAgentPPOConfig` / `MultiAgentMCConfig` (trl_collm/trainers/
+ppo_config.py, mc_config.py) and of TRL's `ModelConfig`. Command-line flags override the file.
 
 - GPU files: a real base model in bf16 with LoRA (rank 16 on all linear layers), so the team is one adapter per
   agent on one shared base and the critic is one more adapter plus a value head (`critic_placement:

@@ -334,7 +334,7 @@ def train(kind: str, argv: list[str]) -> str | None:
     # the card's loader snippet calls get_task() with this: the built-in name, or the import path as given
     trainer.create_model_card(model_name=model_name, task=task_args.task)
     if task_args.plot and trainer.is_world_process_zero():
-        from ..plotting import curve_title
+        from .plotting import curve_title
 
         critic = (
             trainer.critic.describe_layout()[0] if trainer.critic is not None else None
@@ -387,7 +387,7 @@ def write_curve(history: list[dict], output_dir: str, title: str) -> None:
     with open(os.path.join(output_dir, "learning_curve.json"), "w") as f:
         json.dump(points, f, indent=1)
     try:
-        from ..plotting import plot_learning_curve
+        from .plotting import plot_learning_curve
 
         plot_learning_curve(points, os.path.join(output_dir, "learning_curve.png"), title=title)
     except ImportError:

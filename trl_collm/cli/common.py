@@ -123,7 +123,7 @@ def _resolve_model(path: str | None, flag: str = "--model_name_or_path") -> str:
         from ..testing import tiny_model_dir
 
         return tiny_model_dir("tiny-qwen2")
-    from ..models import PACKAGED_MODELS, resolve_model_name
+    from ..team.pretrained import PACKAGED_MODELS, resolve_model_name
 
     resolved = resolve_model_name(path)  # a packaged model's name (e.g. smollm2-135m-instruct) becomes its folder
     if resolved == path and looks_local(path) and not os.path.isdir(os.path.expanduser(path)):

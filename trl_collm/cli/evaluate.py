@@ -174,7 +174,7 @@ def evaluate_team(argv: list[str], play_mode: bool = False):
     opts_ns = _eval_parser(prog, play_mode).parse_args(argv)
     if opts_ns.use_vllm:  # before any team or task is loaded
         with user_errors():
-            from ..vllm_backend import check_vllm_fields
+            from ..generation.vllm_backend import check_vllm_fields
 
             check_vllm_fields(opts_ns)
     asked = _get_task(opts_ns.task) if opts_ns.task is not None else None  # a wrong name is said first
@@ -204,9 +204,9 @@ def evaluate_team(argv: list[str], play_mode: bool = False):
         env = call_with_supported(task.make_env, **opts)
     check_team_fits_task(task, env, rows[0], desc, opts_ns.team_dir, explicit_options=bool(opts))
 
-    from ..generation import make_backend
+    from ..generation.backends import make_backend
+    from ..generation.sampler import SamplingSettings
     from ..inference import load_team, play
-    from ..sampling import SamplingSettings
 
     gen = desc.get("generation", {})
     with user_errors():
@@ -215,7 +215,7 @@ def evaluate_team(argv: list[str], play_mode: bool = False):
             gen, greedy=not opts_ns.sample, max_new_tokens=opts_ns.max_new_tokens, temperature=opts_ns.temperature
         )
         team = load_team(opts_ns.team_dir, base_model=opts_ns.base_model, device=opts_ns.device)
-        backend = make_backend(opts_ns)  # generate(), continuous batching or vLLM (trl_collm/generation.py)
+        backend = make_backend(opts_ns)  # generate(), continuous batching or vLLM (trl_collm/generation/backends.py)
     for a, limit in (gen.get("max_prompt_length") or {}).items():
         if a in team.names:
             team.prompt_limits[a] = limit
@@ -233,7 +233,7 @@ def evaluate_team(argv: list[str], play_mode: bool = False):
                     )
                 print(f"--- turn {turn['turn'] + 1} reward {turn['reward']}")
         if opts_ns.render is not None:
-            from ..rendering import render_transcripts
+            from .rendering import render_transcripts
 
             paths = render_transcripts(task, opts, rows, transcripts, team.names, opts_ns.render)
             print(f"rendered {len(paths)} PNG(s) into {opts_ns.render}")

@@ -4,12 +4,12 @@
   (CoLLM-DC), registered by `critic_type`; each owns its unit keys, outputs and views.
 - `units.py`: one `CriticUnit` class per `critic_placement` (a separate value model, a head on an actor, an adapter
   plus a head on the shared base), each owning its body, parameters and saving.
-- `heads.py`: the value head (the model introspection it needs is `trl_collm.modeling`'s, re-exported here).
+- `heads.py`: the value head (the model introspection it needs is `trl_collm.team.modeling`'s, re-exported here).
 
 No module outside this package reads `critic_type` or `critic_placement`.
 """
 
-from ..modeling import backbone_of, hidden_size_of, value_model_outputs
+from ..team.modeling import backbone_of, hidden_size_of, value_model_outputs
 from .heads import ValueHead
 from .layouts import (
     CRITIC_TYPES,

@@ -1,4 +1,4 @@
-"""The value head a critic puts on a body (finding the body and its size is `trl_collm.modeling`'s)."""
+"""The value head a critic puts on a body (finding the body and its size is `trl_collm.team.modeling`'s)."""
 
 from __future__ import annotations
 

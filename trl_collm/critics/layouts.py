@@ -20,14 +20,14 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from ..assembly import per_agent
-from ..modeling import max_positions
-from ..views import centralized_view, decentralized_view, fair_share
+from ..team.assembly import per_agent
+from ..team.modeling import max_positions
 from .units import PLACEMENTS, CriticUnit, UnitSpec
+from .views import centralized_view, decentralized_view, fair_share
 
 if TYPE_CHECKING:
     from ..rollout import AgentTurn, Rollout
-    from ..team import AgentTeam
+    from ..team.agents import AgentTeam
 
 
 @dataclass
@@ -75,9 +75,9 @@ class TeamCritic(nn.Module):
     """All critic units of a run, keyed by unit key, and the layout that says what each reads."""
 
     name = ""  # the `critic_type` this layout registers under
-    # How model cards and plot titles name the layout: each layout class says it for itself, so cards.py and
-    # plotting.py keep no table of critic names. Read from the class's own namespace: a registered subclass that sets
-    # neither is described by its name and docstring, never with its parent's words.
+    # How model cards and plot titles name the layout: each layout class says it for itself, so team/card.py and
+    # cli/plotting.py keep no table of critic names. Read from the class's own namespace: a registered subclass that
+    # sets neither is described by its name and docstring, never with its parent's words.
     title = ""  # short, for plot titles: "CoLLM-CC, centralized critic"
     summary = ""  # one sentence, for the model card
 

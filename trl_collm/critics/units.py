@@ -18,8 +18,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..assembly import check_tokenizer, model_path
-from ..modeling import (
+from ..team.agents import AgentTeam, adapter_parameters
+from ..team.assembly import check_tokenizer, model_path
+from ..team.modeling import (
     backbone_of,
     hidden_size_of,
     input_pad_id,
@@ -28,10 +29,9 @@ from ..modeling import (
     truncate_left,
     value_model_outputs,
 )
-from ..models import resolve_model_name
-from ..prefix import forward_last
-from ..saved_team import save_shared_adapter
-from ..team import AgentTeam, adapter_parameters
+from ..team.prefix import forward_last
+from ..team.pretrained import resolve_model_name
+from ..team.saved import save_shared_adapter
 from .heads import ValueHead
 
 

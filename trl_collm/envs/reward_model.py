@@ -8,7 +8,7 @@ from collections.abc import Mapping
 import torch
 
 from ..chat import agent_prompt
-from ..modeling import backbone_of, input_pad_id, score_layer
+from ..team.modeling import backbone_of, input_pad_id, score_layer
 from .protocol import Observation
 
 

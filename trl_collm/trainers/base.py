@@ -17,13 +17,13 @@ from transformers.trainer_utils import TrainOutput
 from trl.trainer.base_trainer import _BaseTrainer
 from trl.trainer.utils import disable_dropout_in_model
 
-from .. import saved_team
-from ..assembly import TeamModel, build_team, resolve_agent_names
 from ..envs.reward_functions import build_env
-from ..generation import make_backend
+from ..generation.backends import make_backend
+from ..generation.sampler import Sampler, SamplingSettings
 from ..numerics import NonFiniteSteps
 from ..rollout import Rollout, run_episodes
-from ..sampling import Sampler, SamplingSettings
+from ..team import saved
+from ..team.assembly import TeamModel, build_team, resolve_agent_names
 from . import checkpoints, distributed, evaluation, hub
 from .batches import DataPasses, rollout_loader, set_batch_sizes
 from .output_dir import check_writable, claim_output_dir
@@ -69,7 +69,7 @@ class TeamTrainerBase(TeamUpdates, _BaseTrainer):
         distributed.prepare_args_for_deepspeed(args)  # before the accelerator exists (CPU backend, use_cpu, clipping)
         team = build_team(model, processing_class, ref_model, peft_config, args, names)
         # What the team is built from, before DeepSpeed can partition it (team.json; a resume compares it)
-        self.base_identity = saved_team.base_identity(team)
+        self.base_identity = saved.base_identity(team)
         critic = self.build_critic(team, value_model, args, peft_config, critic_processing_class)
         self.env = build_env(env, reward_funcs, reward_model, prompt_formatters, args, team)
         _set_prompt_limits(team, args)
@@ -128,8 +128,8 @@ class TeamTrainerBase(TeamUpdates, _BaseTrainer):
 
     # ------------------------------------------------------------------ generation
     def build_sampler(self) -> Sampler:
-        """The run's sampler: the team, the backend the arguments ask for (trl_collm/sampling.py), the config's
-        sampling settings, and the DeepSpeed gathering and lockstep for generation."""
+        """The run's sampler: the team, the backend the arguments ask for (trl_collm/generation/sampler.py), the
+        config's sampling settings, and the DeepSpeed gathering and lockstep for generation."""
         return Sampler(
             self.team,
             make_backend(self.args),
@@ -471,14 +471,14 @@ class TeamTrainerBase(TeamUpdates, _BaseTrainer):
 
     # ------------------------------------------------------------------ saving
     def team_description(self) -> dict:
-        """The saved team's team.json (see `trl_collm.saved_team`)."""
+        """The saved team's team.json (see `trl_collm.team.saved`)."""
         args = self.args
         # The sampling settings, so `trl-collm eval` / `play` (and the card) run the team as it was trained.
         generation = dict(
             self.sampler.settings.to_team_json(),
             max_prompt_length={a: self.team.prompt_limits.get(a) for a in self.team.names},
         )
-        desc = saved_team.describe_team(
+        desc = saved.describe_team(
             self.team,
             type(self).__name__,
             args.num_turns,
@@ -492,10 +492,10 @@ class TeamTrainerBase(TeamUpdates, _BaseTrainer):
         return desc
 
     def create_model_card(self, model_name=None, dataset_name=None, tags=None, task=None):
-        """The team card (README.md in output_dir, built by trl_collm.cards in place of TRL's single-model card):
+        """The team card (README.md in output_dir, built by trl_collm.team.card in place of TRL's single-model card):
         each agent's base model, the task (`task`: a registry name or import path), algorithm and critic, the last
         metrics, how to load and run the team."""
-        from ..cards import write_team_card
+        from ..team.card import write_team_card
 
         if self.is_world_process_zero():
             write_team_card(self, model_name=model_name, dataset_name=dataset_name, tags=tags, task=task)
@@ -522,7 +522,7 @@ class TeamTrainerBase(TeamUpdates, _BaseTrainer):
         full = distributed.full_state_dict(self)
         self.accelerator.wait_for_everyone()
         if self.is_world_process_zero():
-            saved_team.write_team(output_dir, self.team, self.critic, self.team_description(), full)
+            saved.write_team(output_dir, self.team, self.critic, self.team_description(), full)
             torch.save(self.args, os.path.join(output_dir, "training_args.bin"))
         if self.args.push_to_hub and not _internal_call:  # as transformers: a user's save_model() also pushes
             self.push_to_hub(commit_message="Model save")  # every rank: it saves again (a collective under ZeRO-3)
@@ -566,7 +566,7 @@ def _chunked(fn, total: int, size: int) -> torch.Tensor:
 def _set_prompt_limits(team, args) -> None:
     """Prompts longer than a model's context would crash or silently wrap positions: cut them to fit (keeping the
     end)."""
-    from ..modeling import max_positions
+    from ..team.modeling import max_positions
 
     for a in team.names:
         limits = [args.max_prompt_length]

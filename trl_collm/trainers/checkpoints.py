@@ -297,7 +297,7 @@ def _check_fits_team(trainer, state: dict, path: str) -> None:
 def check_same_base(trainer, path: str) -> None:
     """A checkpoint stores only trained weights: resumed onto another base (of the same shapes) it would train on
     silently. Compare each agent's frozen-weight fingerprint with the one the checkpoint's team.json records."""
-    from ..saved_team import TEAM_FILE, read_team_file
+    from ..team.saved import TEAM_FILE, read_team_file
 
     if not os.path.isfile(os.path.join(path, TEAM_FILE)):
         return

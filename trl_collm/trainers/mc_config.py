@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Annotated
 
-from ..ranges import ABOVE_0, AT_LEAST_0, AT_LEAST_1
+from .ranges import ABOVE_0, AT_LEAST_0, AT_LEAST_1
 from .team_config import TeamConfig
 
 MC_PRESETS: dict[str, dict] = {

@@ -16,7 +16,7 @@ import torch
 
 from .. import algorithms as alg
 from ..critics import CriticBatch, build_critic
-from ..generation import sampler_logits_are_the_models
+from ..generation.backends import sampler_logits_are_the_models
 from ..rollout import Rollout
 from .base import TeamTrainerBase, _chunked
 from .ppo_config import MultiAgentPPOConfig

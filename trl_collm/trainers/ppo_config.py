@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Annotated
 
 from ..critics import check_critic_config
-from ..ranges import ABOVE_0, AT_LEAST_0, AT_LEAST_1, UNIT
+from .ranges import ABOVE_0, AT_LEAST_0, AT_LEAST_1, UNIT
 from .team_config import TeamConfig
 
 # One word selects the paper's reference update rule (comlrl 1.3.2). Every key here is a field of the config;

@@ -18,8 +18,8 @@ from typing import Annotated
 
 from trl.trainer.base_config import _BaseConfig
 
-from ..names import check_agent_names
-from ..ranges import ABOVE_0, ANY, AT_LEAST_0, AT_LEAST_1, UNIT, UNIT_OPEN_BOTTOM, check_numeric_fields
+from ..team.names import check_agent_names
+from .ranges import ABOVE_0, ANY, AT_LEAST_0, AT_LEAST_1, UNIT, UNIT_OPEN_BOTTOM, check_numeric_fields
 from .supported_args import check_training_arguments
 
 # The choices of the shared fields (each trainer's config adds its own).
@@ -86,7 +86,7 @@ class TeamConfig(_BaseConfig):
         share_prompt_prefix (`bool`, *optional*, defaults to `True`):
             Compute the leading tokens that all rows of a training forward share (a task's instructions, the G samples
             of one prompt) once instead of once per row. Same numbers up to float rounding; falls back to the plain
-            forward where it cannot apply (see trl_collm/prefix.py).
+            forward where it cannot apply (see trl_collm/team/prefix.py).
         use_transformers_continuous_batching (`bool`, *optional*, defaults to `False`):
             Generate rollouts with transformers' continuous batching (`generate_batch`) instead of `generate()`; LoRA
             teams run one call per adapter (see docs/generation.md).
@@ -281,13 +281,13 @@ class TeamConfig(_BaseConfig):
                 "Compute the leading tokens that all rows of a training forward share (a task's instructions, "
                 "the G "
                 "samples of one prompt) once instead of once per row. Same numbers up to float rounding; falls back to "
-                "the plain forward where it cannot apply (see trl_collm/prefix.py)."
+                "the plain forward where it cannot apply (see trl_collm/team/prefix.py)."
             )
         },
     )
 
-    # Generation backend: TRL 1.16's GRPOConfig names and types. Read by trl_collm/generation.py (`make_backend`);
-    # documented in docs/generation.md.
+    # Generation backend: TRL 1.16's GRPOConfig names and types. Read by trl_collm/generation/backends.py
+    # (`make_backend`); documented in docs/generation.md.
     use_transformers_continuous_batching: bool = field(
         default=False,
         metadata={
@@ -308,7 +308,7 @@ class TeamConfig(_BaseConfig):
             )
         },
     )
-    # vLLM: TRL 1.16 GRPOConfig's names and defaults. Read by trl_collm/vllm_backend.py; docs/generation.md.
+    # vLLM: TRL 1.16 GRPOConfig's names and defaults. Read by trl_collm/generation/vllm_backend.py; docs/generation.md.
     use_vllm: bool = field(
         default=False,
         metadata={
@@ -540,7 +540,7 @@ class TeamConfig(_BaseConfig):
         if self.stop_token is not None and self.stop_token != "eos":
             raise ValueError(f"`stop_token`={self.stop_token!r}: only 'eos' is supported (or set `stop_token_id`).")
         if self.use_vllm:
-            from ..vllm_backend import check_vllm_fields
+            from ..generation.vllm_backend import check_vllm_fields
 
             check_vllm_fields(self)
         if self.reward_weights is not None and any(not math.isfinite(w) for w in self.reward_weights):

@@ -5,7 +5,8 @@
 - compute per-token log-probs of given responses (policy and reference),
 - save itself as one folder per agent.
 
-It holds models, not generation state: sampling is `trl_collm.sampling.Sampler`'s (a team, a backend, the settings).
+It holds models, not generation state: sampling is `trl_collm.generation.sampler.Sampler`'s (a team, a backend, the
+settings).
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ class AgentTeam(nn.Module):
         # Longest prompt per agent in tokens (set by the trainer); longer prompts keep their last tokens.
         self.prompt_limits: dict[str, int | None] = {}
         self._pad_ids: dict[str, int] = {}
-        # Compute the rows' common prompt prefix once in the team's forwards and its critics' (trl_collm/prefix.py).
+        # Compute the rows' common prompt prefix once in the team's forwards and its critics' (team/prefix.py).
         self.share_prefix = share_prefix
 
     # ------------------------------------------------------------------ access

@@ -31,18 +31,6 @@ def centralized_view(
     return text
 
 
-def history_context(observations: list[str], completions: list[str]) -> str:
-    """An agent's local history h_t = o_0, a_0, ..., o_t as one prompt (used with agent_context='history')."""
-    if len(observations) != len(completions) + 1:
-        raise ValueError("history_context needs one more observation than completions.")
-    pieces = []
-    for obs, act in zip(observations, completions):
-        pieces.append(obs)
-        pieces.append(act)
-    pieces.append(observations[-1])
-    return "\n".join(pieces)
-
-
 def fair_share(lengths: list[int], budget: int) -> list[int]:
     """How many tokens of each context to keep so that they sum to at most `budget`: contexts shorter than an equal
     share keep everything, and the longer ones split the rest equally (a centralized critic's view keeps the latest

@@ -4,7 +4,7 @@ A saved team is a folder holding `team.json` (this format's description: agents,
 folder per agent (a full model or a LoRA adapter, loadable with `from_pretrained`; the folder itself for a single
 agent, like TRL's PPO) and, when the trainer has one, the critic under `critic/`.
 
-    from trl_collm.saved_team import load_team
+    from trl_collm.team.saved import load_team
     team = load_team("outputs/quickstart")   # the agents, for decentralized inference (see inference.py)
 """
 
@@ -18,9 +18,9 @@ import uuid
 
 import torch
 
+from .agents import AgentTeam
 from .modeling import base_model_of, flatten_adapter_folder
 from .names import check_agent_names
-from .team import AgentTeam
 
 TEAM_FILE = "team.json"
 FORMAT = "trl-collm-team/1"
@@ -256,7 +256,7 @@ def load_team(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if not os.path.isdir(folder):  # a Hub repo id: fetch the whole team once (fails clearly when offline)
-        from .cards import is_hub_id
+        from .card import is_hub_id
 
         if not is_hub_id(folder):  # a local path, not a malformed repo id
             raise FileNotFoundError(

@@ -3,9 +3,9 @@ one object the runners call (`Sampler`).
 
 - `SamplingSettings` is the record `team.json` stores under "generation" and `load_team` / `trl-collm eval` / `play`
   read back, so a saved team is sampled as it was trained.
-- `GenerationBackend` is the declared contract every backend implements (trl_collm/generation.py: HF `generate()`,
+- `GenerationBackend` is the declared contract every backend implements (`backends.py` beside it: HF `generate()`,
   transformers' continuous batching; a vLLM engine plugs in the same way). Backends register under a name
-  (`register_backend`) and `generation.make_backend(args)` builds the one the arguments ask for (it lives beside the
+  (`register_backend`) and `backends.make_backend(args)` builds the one the arguments ask for (it lives beside the
   built-ins it registers, so this module never imports its implementations).
 - `Sampler` binds a team, a backend and the settings; the trainer builds it once and hands it to the runners
   (trl_collm/rollout.py).
@@ -21,9 +21,9 @@ from typing import ClassVar, NamedTuple
 
 import torch
 
-from . import chat
-from .modeling import left_pad, unpad_rows
-from .team import AgentTeam, Observation
+from .. import chat
+from ..team.agents import AgentTeam, Observation
+from ..team.modeling import left_pad, unpad_rows
 
 
 @dataclasses.dataclass(frozen=True)

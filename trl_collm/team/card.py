@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import re
 
-from .chat import agent_prompt
+from ..chat import agent_prompt
 from .modeling import base_model_of
 
 PAPER = "Liu, Chen, Amiri, Amato: CoLLM, multi-agent actor-critic for decentralized LLM collaboration (ICML 2026)"

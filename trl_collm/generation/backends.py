@@ -1,7 +1,7 @@
 """The built-in generation backends: how a batch of left-padded prompts becomes sampled tokens.
 
-Both implement `trl_collm.sampling.GenerationBackend` (the declared contract: `generate`, `weights_changed`, `close`)
-and are registered by name; `make_backend(args)` (here) picks one from the trainer arguments. The `Sampler` hands
+Both implement `sampler.GenerationBackend` (the declared contract: `generate`, `weights_changed`, `close`) and are
+registered by name; `make_backend(args)` (here) picks one from the trainer arguments. The `Sampler` hands
 every backend the same thing (one model, left-padded prompt ids and mask, the `SamplingSettings`) and gets the same
 thing back (the new tokens, right-padded with the pad id, and where the backend records them the sampler's
 log-probs). The rest of the pipeline (stop-token masks, decoding, log-probs) never knows which backend ran.
@@ -26,8 +26,8 @@ import weakref
 
 import torch
 
-from .modeling import base_model_of
-from .sampling import BACKENDS, GenerationBackend, Sampled, SamplingSettings, register_backend
+from ..team.modeling import base_model_of
+from .sampler import BACKENDS, GenerationBackend, Sampled, SamplingSettings, register_backend
 
 # Generation-config settings that change the logits before a user's logits processor sees them (transformers runs
 # custom processors after these and before the sampling warpers: temperature, top-k, top-p). With any of them set, the
@@ -125,7 +125,7 @@ class GenerateBackend(GenerationBackend):
     ) -> Sampled:
         from transformers import LogitsProcessorList
 
-        from .prefix import generate_with_prefix
+        from ..team.prefix import generate_with_prefix
 
         gen_kwargs = settings.generate_kwargs(pad_id)
         if lockstep is not None:

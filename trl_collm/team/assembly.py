@@ -11,10 +11,10 @@ import os
 
 from torch import nn
 
+from .agents import AgentTeam, freeze_copy
 from .modeling import base_model_of
-from .models import resolve_model_name
 from .names import check_agent_names
-from .team import AgentTeam, freeze_copy
+from .pretrained import resolve_model_name
 
 
 def resolve_agent_names(model, args) -> list[str]:
