@@ -348,7 +348,9 @@ def partial_path(path) -> str:
 def start_path(out_dir, task, s, eval_seed: int = EVAL_SEED) -> str:
     """The starting model's held-out scores; at another sampling seed than the table's, a re-sample of them."""
     tail = "" if eval_seed == EVAL_SEED else f"-evalseed{eval_seed}"
-    return os.path.join(out_dir, task, f"start-t{s['response_length']}{tail}.json")
+    # The held-out plays' size is in the name: a start played on other rows would not pair with the runs
+    plays = f"-e{s['eval_limit'] or 'all'}x{s['eval_repeats']}"
+    return os.path.join(out_dir, task, f"start-t{s['response_length']}{plays}{tail}.json")
 
 
 def resample_line(out_dir, task, s) -> tuple[str, list]:
