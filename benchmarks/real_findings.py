@@ -88,9 +88,14 @@ def settings(
     "auto" picks bf16 where this CPU has native bf16 (trl_collm.hardware), else float32."""
     s = dict(TASKS[task])
     if compute == "auto":
+        import torch
+
         from trl_collm.hardware import cpu_has_native_bf16
 
-        compute = "bf16" if cpu_has_native_bf16() else "fp32"
+        if torch.cuda.is_available():
+            compute = "bf16" if torch.cuda.is_bf16_supported() else "fp32"
+        else:
+            compute = "bf16" if cpu_has_native_bf16() else "fp32"
     s["compute"] = compute
     if smoke:
         s.update(SMOKE, lrs=s["lrs"][:1])
@@ -234,6 +239,7 @@ def _progress_callback(trainer, args, path, meta):
 def make_trainer(task: str, method: str, seed: int, lr: float, s: dict, runs_dir: str | None = None):
     """A method's trainer over a fresh LoRA team of the model (the adapters start as the identity); with `runs_dir`
     it checkpoints every SAVE_EVERY iterations there (the last checkpoint kept)."""
+    import torch
     from peft import LoraConfig
 
     from trl_collm.tasks import get_task
@@ -241,6 +247,7 @@ def make_trainer(task: str, method: str, seed: int, lr: float, s: dict, runs_dir
     spec = get_task(task)
     saving = dict(save_strategy="steps", save_steps=SAVE_EVERY, save_total_limit=1) if runs_dir else {}
     saving["bf16"] = s.get("compute") == "bf16"  # autocast of rollout and update; the weights stay float32
+    saving["use_cpu"] = not torch.cuda.is_available()  # the same command on a GPU machine trains there
     output_dir = runs_dir or f"/tmp/trl_collm_real_findings/{task}-{method}-{seed}-{lr:g}"
     args, trainer_cls = method_config(method, spec, s, lr, seed, output_dir, **saving)
     trainer = trainer_cls(
