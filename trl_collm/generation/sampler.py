@@ -24,6 +24,7 @@ import torch
 from .. import chat
 from ..team.agents import AgentTeam, Observation
 from ..team.modeling import left_pad, unpad_rows
+from .prompts import PromptSettings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -221,7 +222,8 @@ class Sampler:
     routed to its agent's adapter. `unwrap`: a context-manager factory (model -> model) that gathers ZeRO-3 weights
     for the call, or None. `logprob_temperature`: ask the backend for the sampled tokens' log-probs at that
     temperature (PPO's old log-probs; None: not needed). `lockstep`: asked at each call for generate()'s
-    `synced_gpus` (ZeRO-3 gathering is set up when training starts), or None.
+    `synced_gpus` (ZeRO-3 gathering is set up when training starts), or None. `prompts`: what shapes each agent's
+    prompt (prompts.py): the runners read its `agent_context`, and every prompt is encoded here with its limit.
     """
 
     team: AgentTeam
@@ -231,6 +233,10 @@ class Sampler:
     unwrap: Callable | None = None
     logprob_temperature: float | None = None
     lockstep: Callable[[], bool | None] | None = None
+    prompts: PromptSettings = dataclasses.field(default_factory=PromptSettings)
+
+    def __post_init__(self):
+        self.prompts.check_team(self.team)  # recorded chat templates: the team's tokenizers must render the same
 
     def with_settings(self, settings: SamplingSettings) -> Sampler:
         """The same sampler with other settings (e.g. greedy decoding for evaluation)."""
@@ -242,7 +248,7 @@ class Sampler:
         team = self.team
         names = [n for n in team.names if observations.get(n)]
         if team.layout == "shared_base":
-            encoded = {n: team.encode(n, observations[n], self.device) for n in names}
+            encoded = {n: self._encode(n, observations[n]) for n in names}
             rows = [row for n in names for row in unpad_rows(*encoded[n])]
             ids, mask = left_pad(rows, team.pad_id(team.names[0]), self.device)
             adapters = [n for n in names for _ in range(len(observations[n]))]
@@ -259,10 +265,13 @@ class Sampler:
             return result
         result = {}
         for n in names:
-            ids, mask = team.encode(n, observations[n], self.device)
+            ids, mask = self._encode(n, observations[n])
             out = self._sample(team.policies[n], ids, mask, team.pad_id(n), n)
             result[n] = self._finish(n, ids, mask, out.tokens, out.logprobs, out.engine_logprobs)
         return result
+
+    def _encode(self, name: str, observations: list[Observation]):
+        return self.team.encode(name, observations, self.device, max_length=self.prompts.limit(name))
 
     def settings_for(self, name: str) -> SamplingSettings:
         """Agent `name`'s settings: the team's, with its own stop tokens when the settings name none and its chat
