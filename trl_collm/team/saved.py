@@ -87,9 +87,11 @@ def describe_team(
     critic=None,
     generation: dict | None = None,
     base: dict | None = None,
+    prompts: dict | None = None,
 ) -> dict:
-    """The contents of team.json (`generation`: the sampling settings the team was trained with; `base`: what
-    each agent was built from, `base_identity`)."""
+    """The contents of team.json (`generation`: the sampling settings the team was trained with, `SamplingSettings`'
+    form; `prompts`: what shaped its prompts, `PromptSettings`' form; `base`: what each agent was built from,
+    `base_identity`)."""
     desc = {
         "format": FORMAT,
         "agents": team.names,
@@ -101,6 +103,8 @@ def describe_team(
     }
     if generation is not None:
         desc["generation"] = generation
+    if prompts is not None:
+        desc["prompts"] = prompts
     if team.layout == "shared_base":
         desc["base_model"] = getattr(team.shared_base.get_base_model().config, "_name_or_path", None)
     if base is not None:
@@ -248,7 +252,8 @@ def load_team(
     folder: str, base_model: str | None = None, device: str | torch.device | None = None, dtype=None
 ) -> AgentTeam:
     """Rebuild the agents of a saved team (a local folder or a Hub repo id; full models or LoRA adapters on their
-    base) for decentralized inference.
+    base) for decentralized inference. The team keeps its team.json (`team.description`), whose sampling and prompt
+    settings `inference.play` plays it with.
 
     `base_model` overrides the base recorded in team.json for LoRA teams (e.g. a local copy of the base).
     """
@@ -286,10 +291,10 @@ def load_team(
         model = PeftModel.from_pretrained(base, folders[names[0]], adapter_name=names[0])
         for a in names[1:]:
             model.load_adapter(folders[a], adapter_name=a)
-        team = AgentTeam(names, tokenizers, shared_base=model)
+        team = AgentTeam(names, tokenizers, shared_base=model, description=desc)
     else:
         policies = {a: AutoModelForCausalLM.from_pretrained(folders[a], dtype=dtype) for a in names}
-        team = AgentTeam(names, tokenizers, policies=policies)
+        team = AgentTeam(names, tokenizers, policies=policies, description=desc)
     team.requires_grad_(False)
     team.eval()
     if device is not None:
