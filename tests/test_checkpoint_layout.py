@@ -144,3 +144,28 @@ def test_checkpoint_of_the_older_layout_still_resumes(tmp_path, qwen_path, promp
     for (name, p), q in zip(first.model.named_parameters(), resumed.model.parameters()):
         if p.requires_grad:
             assert torch.allclose(p, q, rtol=1e-5, atol=1e-6), name
+
+
+@pytest.mark.parametrize(
+    "deepspeed_now,world_now,saved_optimizer,engine_dir,expected",
+    [
+        (True, 1, None, True, r"written by 2 DeepSpeed processes and this run has 1: it is of the older layout"),
+        (False, 1, None, True, r"written under DeepSpeed by an older trl-collm \(no optimizer.pt\)"),
+        (True, 2, {"state": {}}, False, r"holds no DeepSpeed state"),
+    ],
+)
+def test_older_layout_combinations_that_cannot_resume_are_one_line(
+    tmp_path, deepspeed_now, world_now, saved_optimizer, engine_dir, expected
+):
+    """A checkpoint of the older layout (no optimizer.pt) keeps ZeRO's optimizer state only per process: it cannot
+    move to another world size or out of DeepSpeed. The current layout resumes in every one of these cases."""
+    from types import SimpleNamespace
+
+    if engine_dir:
+        (tmp_path / checkpoints.ENGINE_DIR).mkdir()
+    trainer = SimpleNamespace(is_deepspeed_enabled=deepspeed_now, accelerator=SimpleNamespace(num_processes=world_now))
+    old = {"world_size": 2, "optimizer": saved_optimizer}
+    with pytest.raises(ValueError, match=expected) as info:
+        checkpoints._resume_mode(trainer, old, str(tmp_path))
+    assert "\n" not in str(info.value)
+    assert checkpoints._resume_mode(trainer, {**old, "layout": checkpoints.LAYOUT}, str(tmp_path)) == "full"

@@ -49,16 +49,24 @@ def _inner(trainer):
     return zero, zero.optimizer
 
 
-def _state_layout(inner) -> tuple[list[str], dict]:
+def _flat_partitions(zero, inner) -> list[torch.Tensor]:
+    """The flat fp32 partitions that the inner optimizer steps, and keys its state by. ZeRO-3 (and ZeRO-2) hand them
+    to `inner.param_groups` only for the length of a step, so they are read from ZeRO's own lists."""
+    for attribute in ("single_partition_of_fp32_groups", "fp32_partitioned_groups_flat"):  # ZeRO-1/2, ZeRO-3
+        flats = getattr(zero, attribute, None)
+        if flats:
+            return list(flats)
+    return [flat for group in inner.param_groups for flat in group["params"]]
+
+
+def _state_layout(zero, inner) -> tuple[list[str], dict]:
     """The per-element state keys (tensors shaped like the flat partition) and the scalar entries (Adam's `step`) of
     the inner optimizer; the same on every rank. Empty before the first step (the state is created lazily)."""
-    for group in inner.param_groups:
-        for flat in group["params"]:
-            state = inner.state.get(flat)
-            if state:
-                keys = sorted(k for k, v in state.items() if torch.is_tensor(v) and v.dim() > 0)
-                scalars = {k: v for k, v in state.items() if k not in keys}
-                return keys, scalars
+    for flat in _flat_partitions(zero, inner):
+        state = inner.state.get(flat)
+        if state:
+            keys = sorted(k for k, v in state.items() if torch.is_tensor(v) and v.dim() > 0)
+            return keys, {k: v for k, v in state.items() if k not in keys}
     return [], {}
 
 
@@ -81,7 +89,9 @@ def full_state(trainer) -> tuple[dict, dict] | None:
 
     distributed.release_gathered(trainer)  # ZeRO-3: the gathers below must not overlap the trainer's own
     zero, inner = _inner(trainer)
-    keys, scalars = _state_layout(inner)
+    keys, scalars = _state_layout(zero, inner)
+    if keys:
+        _link_state(zero)
     live = _trainable(trainer)
     main = trainer.is_world_process_zero()
     params, state, index = {}, {}, 0
@@ -147,12 +157,28 @@ def load_full_state(trainer, params: dict, saved: dict) -> None:
             p, value = live[name], params[name]
             _set_model_weight(p, value)
             device = _device_of(p)
-            safe_set_full_fp32_param(p, value.to(device, torch.float32))
+            _set_full(zero, p, value.to(device, torch.float32), None, safe_set_full_fp32_param)
             for k in keys:
-                safe_set_full_optimizer_state(p, saved["state"][index][k].to(device, torch.float32), k)
+                full = saved["state"][index][k].to(device, torch.float32)
+                _set_full(zero, p, full, k, lambda p, v, k=k: safe_set_full_optimizer_state(p, v, k))
             index += 1
     for group, saved_group in zip(zero.param_groups, saved["param_groups"]):
         group.update(_hyperparameters(saved_group))  # the checkpoint's hyperparameters win, as in load_state_dict
+
+
+def _set_full(zero, p, value: torch.Tensor, key: str | None, setter) -> None:
+    """Write a full fp32 tensor (the weight, or the optimizer state `key`) into this rank's partition. ZeRO-3's own
+    setter cuts `value` at rank x partition size without the padding its partitions have, which fails for a
+    parameter with fewer elements than processes (a value head's bias on 4 ranks): cut the padded value here."""
+    if not hasattr(p, "ds_id"):
+        setter(p, value)
+        return
+    partition, _ = zero._get_fp32_opt_state_partition(p, release_swap_buffers=False, optim_state_key=key)
+    size = p.ds_tensor.ds_numel  # every rank's partition size (the last one padded)
+    world = zero._get_param_partition_world_size(p)
+    flat = torch.nn.functional.pad(value.flatten(), (0, size * world - value.numel()))
+    rank = zero._get_param_partition_rank(p)
+    partition.data.copy_(flat.narrow(0, size * rank, partition.numel()))
 
 
 def _device_of(p) -> torch.device:
@@ -160,17 +186,24 @@ def _device_of(p) -> torch.device:
 
 
 def _create_state(zero, inner, keys: list[str], scalars: dict) -> None:
-    """A fresh engine has no optimizer state before its first step: create it (zeros, the saved step count) for every
-    flat partition, then let ZeRO-2 link its per-parameter views to it (ZeRO-3 reads `inner.state` directly)."""
-    for group in inner.param_groups:
-        for flat in group["params"]:
-            state = inner.state[flat]
-            for k in keys:
-                state[k] = torch.zeros_like(flat)
-            # torch keeps Adam's step on the CPU unless the group is fused / capturable (then beside the weights)
-            device = flat.device if group.get("fused") or group.get("capturable") else "cpu"
-            for k, v in scalars.items():
-                state[k] = v.detach().clone().to(device) if torch.is_tensor(v) else v
+    """The optimizer state of every flat partition, as the checkpoint's step left it: per-element entries zeroed here
+    (the full values are written per parameter afterwards), the scalars (Adam's step count) copied. A fresh engine
+    has none yet (ZeRO-2 creates it at the first step) or its own initial one (ZeRO-3)."""
+    # torch keeps Adam's step on the CPU unless the group is fused / capturable (then beside the weights)
+    on_device = inner.defaults.get("fused") or inner.defaults.get("capturable")
+    for flat in _flat_partitions(zero, inner):
+        state = inner.state[flat]
+        for k in keys:
+            state[k] = torch.zeros_like(flat)
+        for k, v in scalars.items():
+            state[k] = v.detach().clone().to(flat.device if on_device else "cpu") if torch.is_tensor(v) else v
+    _link_state(zero)
+
+
+def _link_state(zero) -> None:
+    """ZeRO-2 reads a parameter's optimizer state through views into the flat state that it links once, lazily;
+    in the trainers' unmanaged stepping they can be missing at save time, and a state created here is new: (re)link
+    them. ZeRO-3 reads `inner.state` directly."""
     if hasattr(zero, "_lazy_init_hp_params_optimizer_state"):
         zero._hp_optimizer_states_linked = False
         zero._lazy_init_hp_params_optimizer_state()
