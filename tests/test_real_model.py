@@ -284,3 +284,30 @@ def test_dropin_script_with_the_real_tokenizer(smollm2_path, tmp_path):
     assert proc.stdout.count("'objective/kl':") == 1, proc.stdout[-4000:]
     assert proc.stdout.count("-- episode ") == 2, proc.stdout[-4000:]  # generate_completions() on the test split
     assert (out / "adapter_config.json").is_file()
+
+
+def test_the_smollm2_example_reports_paired_held_out_scores_and_saves_a_team(smollm2_path, tmp_path):
+    """examples/smollm2_team.py at its smallest: one thread chosen as the CLI does, the held-out plays before and
+    after with their count and standard error, the paired change, texts with word counts, a team that loads back."""
+    import re
+    import subprocess
+    import sys
+
+    from trl_collm.team.saved import load_team
+
+    out = tmp_path / "team"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    cmd = [sys.executable, os.path.join(root, "examples", "smollm2_team.py"), "--iterations", "1", "--posts", "1"]
+    cmd += ["--eval-posts", "2", "--response-length", "4", "--output-dir", str(out)]
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=root)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    text = proc.stdout
+    assert "1 torch thread(s)" in text, text[:500]
+    scores = re.findall(r"held-out team score (\d\.\d+) \+- (\d\.\d+) \(SE, 2 plays at temperature 1", text)
+    assert len(scores) == 3, text  # before, then before again beside after
+    assert re.search(r"change, paired play by play: [+-]\d\.\d+ \+- \d\.\d+ \(SE\): (beyond|within) noise", text)
+    assert len(re.findall(r"\[post [12]\] (concise|detailed) \(\d+ words\): ", text)) == 8  # 2 posts x 2 x before/after
+    assert "iteration 1: sampled team score" in proc.stderr + text
+    team = load_team(str(out))
+    assert team.names == ["concise", "detailed"]
