@@ -126,9 +126,14 @@ def test_config_bad_value_names_the_field(cls, overrides, field):
 
 
 def test_good_configs_still_parse():
-    MultiAgentPPOConfig(**BASE, kl_coef=0.0, vf_coef=0.0, total_episodes=8, missing_eos_penalty=-1.0, top_k=5)
-    MultiAgentMCConfig(**BASE, beta=0.0, num_generations=2)
-    MultiAgentPPOConfig(**BASE, preset="collm")
+    """Values at the edges of their ranges are kept as given (0 coefficients, a negative penalty, the fewest MC
+    samples a baseline allows), and the preset still fills what was not given."""
+    ppo = MultiAgentPPOConfig(**BASE, kl_coef=0.0, vf_coef=0.0, total_episodes=8, missing_eos_penalty=-1.0, top_k=5)
+    assert (ppo.kl_coef, ppo.vf_coef, ppo.total_episodes, ppo.missing_eos_penalty, ppo.top_k) == (0.0, 0.0, 8, -1.0, 5)
+    mc = MultiAgentMCConfig(**BASE, beta=0.0, num_generations=2)
+    assert (mc.beta, mc.num_generations) == (0.0, 2)
+    collm = MultiAgentPPOConfig(**BASE, preset="collm")
+    assert (collm.preset, collm.gamma, collm.lam, collm.policy_loss_type) == ("collm", 0.9, 0.0, "reinforce")
 
 
 # ---------------------------------------------------------------------------------------------------------------
