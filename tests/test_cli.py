@@ -18,6 +18,8 @@ from trl_collm import MultiAgentMCConfig, MultiAgentPPOConfig
 from trl_collm.cli import TaskArguments, main
 from trl_collm.tasks import get_task, list_tasks
 
+from hang_guard import HANG_GUARD_S
+
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "examples" / "configs"
 HAS_MPL = importlib.util.find_spec("matplotlib") is not None
@@ -279,7 +281,7 @@ def test_tasks_in_a_real_subprocess():
     env = dict(os.environ, HF_HUB_OFFLINE="1")
     script = Path(sys.executable).parent / "trl-collm"
     cmd = [str(script), "tasks"] if script.exists() else [sys.executable, "-m", "trl_collm.cli", "tasks"]
-    res = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env, timeout=120, cwd=ROOT)
+    res = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env, timeout=HANG_GUARD_S, cwd=ROOT)
     assert res.returncode == 0, res.stderr[-2000:]
     assert _listed(res.stdout) == list_tasks()
 

@@ -21,6 +21,8 @@ from peft import LoraConfig
 from trl_collm.generation.backends import ContinuousBatchingBackend, GenerateBackend, make_backend
 from trl_collm.generation.sampler import GenerationRequest, SamplingSettings
 
+from hang_guard import HANG_GUARD_S
+
 # A small paged cache: transformers would otherwise size it from the machine's free RAM.
 CB_CONFIG = {"page_size": 16}
 PROMPTS = ["count one and", "two plus three is", "the team writes the plan", "def aux(x): return x", "red wool"]
@@ -218,7 +220,9 @@ print({{"built": built, "trained": "deepspeed" in sys.modules}})
 
     if importlib.util.find_spec("deepspeed") is None:
         pytest.skip("deepspeed is not installed: nothing to keep unimported")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=HANG_GUARD_S, check=False
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(
         proc.stdout.strip().splitlines()[-1].replace("'", '"').replace("False", "false").replace("True", "true")

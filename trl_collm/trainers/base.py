@@ -314,7 +314,9 @@ class TeamTrainerBase(TeamUpdates, _BaseTrainer):
         self.state.global_step, self.state.episode = saved["global_step"], saved["episode"]
         self.state.log_history = saved["log_history"]
         self._metrics_history = list(saved["metrics_history"])
-        logger.info("resumed from %s at iteration %d", checkpoint, saved["global_step"])
+        if self.is_world_process_zero():  # warning level: seen without any logging set up, as a run's start is
+            step, episode = saved["global_step"], saved["episode"]
+            logger.warning("resumed from %s at step %d (episode %d)", checkpoint, step, episode)
         return saved
 
     def _batches(self):
