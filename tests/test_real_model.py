@@ -18,6 +18,8 @@ import torch
 from conftest import RUN_SETTINGS
 from test_dropin import LORA_FLAGS, TEST_PROMPTS, TRAIN_PROMPTS, _run_script
 
+pytestmark = pytest.mark.slow  # the real model through every path (CONTRIBUTING.md: the fast suite leaves it out)
+
 TASK = "coord-penalty"  # prompts of ~35 tokens: the cheapest built-in task for a real model
 NEW_TOKENS = 6
 PPO_DEFAULTS = dict(response_length=NEW_TOKENS, num_ppo_epochs=1, total_episodes=2)  # one iteration of 2 rows
