@@ -336,8 +336,8 @@ def load_team(
         bad = unreadable_weights(path)
         if bad is not None:
             raise ValueError(
-                f"{bad[0]} (the weights of agent {a!r}) cannot be read ({bad[1]}): the file is truncated or corrupt (an "
-                "interrupted copy or save); copy the whole team folder again or re-save it with save_model()."
+                f"{bad[0]} (the weights of agent {a!r}) cannot be read ({bad[1]}): the file is truncated or corrupt "
+                "(an interrupted copy or save); copy the whole team folder again or re-save it with save_model()."
             )
     tokenizers = {a: AutoTokenizer.from_pretrained(folders[a]) for a in names}
     if desc["layout"] == "shared_base":
