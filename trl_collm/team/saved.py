@@ -91,9 +91,11 @@ def describe_team(
     critic=None,
     generation: dict | None = None,
     base: dict | None = None,
+    prompts: dict | None = None,
 ) -> dict:
-    """The contents of team.json (`generation`: the sampling settings the team was trained with; `base`: what
-    each agent was built from, `base_identity`)."""
+    """The contents of team.json (`generation`: the sampling settings the team was trained with, `SamplingSettings`'
+    form; `prompts`: what shaped its prompts, `PromptSettings`' form; `base`: what each agent was built from,
+    `base_identity`)."""
     desc = {
         "format": FORMAT,
         "agents": team.names,
@@ -105,6 +107,8 @@ def describe_team(
     }
     if generation is not None:
         desc["generation"] = generation
+    if prompts is not None:
+        desc["prompts"] = prompts
     if team.layout == "shared_base":
         desc["base_model"] = getattr(team.shared_base.get_base_model().config, "_name_or_path", None)
     if base is not None:
@@ -303,7 +307,8 @@ def load_team(
     folder: str, base_model: str | None = None, device: str | torch.device | None = None, dtype=None
 ) -> AgentTeam:
     """Rebuild the agents of a saved team (a local folder or a Hub repo id; full models or LoRA adapters on their
-    base) for decentralized inference.
+    base) for decentralized inference. The team keeps its team.json (`team.description`), whose sampling and prompt
+    settings `inference.play` plays it with.
 
     `base_model` overrides the base recorded for LoRA agents (in team.json for a shared base, in each adapter's
     `adapter_config.json` for separate ones; e.g. a local copy of the base). A base whose weights differ from the
@@ -350,7 +355,7 @@ def load_team(
         model = PeftModel.from_pretrained(base, folders[names[0]], adapter_name=names[0])
         for a in names[1:]:
             model.load_adapter(folders[a], adapter_name=a)
-        team = AgentTeam(names, tokenizers, shared_base=model)
+        team = AgentTeam(names, tokenizers, shared_base=model, description=desc)
         adapter_agents = list(names)
     else:
         policies, adapter_agents = {}, []
@@ -363,7 +368,7 @@ def load_team(
             base = AutoModelForCausalLM.from_pretrained(base_model or adapter, dtype=dtype)
             policies[a] = PeftModel.from_pretrained(base, folders[a])
             adapter_agents.append(a)
-        team = AgentTeam(names, tokenizers, policies=policies)
+        team = AgentTeam(names, tokenizers, policies=policies, description=desc)
     check_loaded_base(team, desc, os.path.join(folder, TEAM_FILE), adapter_agents)
     team.requires_grad_(False)
     team.eval()
