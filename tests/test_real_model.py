@@ -288,7 +288,7 @@ def test_dropin_script_with_the_real_tokenizer(smollm2_path, tmp_path):
     assert (out / "adapter_config.json").is_file()
 
 
-def test_the_smollm2_example_reports_paired_held_out_scores_and_saves_a_team(smollm2_path, tmp_path):
+def test_the_smollm2_example_reports_paired_held_out_scores_and_saves_a_team(smollm2_name, tmp_path):
     """examples/smollm2_team.py at its smallest: one thread chosen as the CLI does, the held-out plays before and
     after with their count and standard error, the paired change, texts with word counts, a team that loads back."""
     import re
@@ -313,3 +313,21 @@ def test_the_smollm2_example_reports_paired_held_out_scores_and_saves_a_team(smo
     assert "iteration 1: sampled team score" in proc.stderr + text
     team = load_team(str(out))
     assert team.names == ["concise", "detailed"]
+
+
+def test_the_workload_benchmark_reports_each_phase_per_generated_token(smollm2_name, tmp_path):
+    """benchmarks/bench_workload.py --smoke (issue 28's workload at its smallest): a measurement in a fresh process,
+    its phases no larger than the whole, the JSON it writes."""
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = tmp_path / "bench.json"
+    cmd = [sys.executable, os.path.join(root, "benchmarks", "bench_workload.py"), "--smoke", "--json", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=root)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    (row,) = json.loads(out.read_text())["rows"]
+    ms = row["ms_per_token"]
+    assert row["compute"] == "fp32" and row["rounds"] == 1
+    assert ms["total"] >= ms["rollout"] + ms["score_rollout"] + ms["update"] - 1e-6 and ms["rollout"] > 0
+    assert ms["generate"] > 0 and "GFLOP/s" in proc.stdout and "1.00x" in proc.stdout
