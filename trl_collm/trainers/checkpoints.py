@@ -98,6 +98,7 @@ def _save_engine_state(trainer, folder: str) -> tuple[dict, dict] | None:
         trainer.model_wrapped.save_checkpoint(
             os.path.join(folder, ENGINE_DIR), tag=ENGINE_TAG, save_latest=False, exclude_frozen_parameters=True
         )
+    distributed.release_gathered(trainer)  # the save may have gathered (ZeRO-3's consolidated team)
     full = optimizer_state.full_state(trainer)
     trainer.accelerator.wait_for_everyone()  # every shard is on disk before rank 0 completes the folder
     return full
@@ -279,6 +280,7 @@ def load_checkpoint(trainer, path: str) -> dict:
         _copy_params(trainer, state["params"])
         trainer.optimizer.load_state_dict(state["optimizer"])
     else:
+        distributed.release_gathered(trainer)
         optimizer_state.load_full_state(trainer, state["params"], saved_optimizer)
         if trainer.is_world_process_zero():
             logger.warning(

@@ -76,9 +76,8 @@ def _hyperparameters(group: dict) -> dict:
 
 def full_state(trainer) -> tuple[dict, dict] | None:
     """(trainable fp32 weights by name, optimizer.pt's dict) of the whole team. Collective under DeepSpeed (every
-    rank must call it); rank 0 gets the tensors, the other ranks None."""
-    from . import distributed
-
+    rank must call it; under ZeRO-3 no model may be held gathered: `distributed.release_gathered` first); rank 0
+    gets the tensors, the other ranks None."""
     names = param_group_names(trainer)
     if not trainer.is_deepspeed_enabled:
         if not trainer.is_world_process_zero():
@@ -87,7 +86,6 @@ def full_state(trainer) -> tuple[dict, dict] | None:
         return params, {**trainer.optimizer.state_dict(), "param_names": names, "format": FORMAT}
     from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
 
-    distributed.release_gathered(trainer)  # ZeRO-3: the gathers below must not overlap the trainer's own
     zero, inner = _inner(trainer)
     keys, scalars = _state_layout(zero, inner)
     if keys:
@@ -132,7 +130,7 @@ def check_fits(saved: dict, trainer, path: str) -> None:
 
 def load_full_state(trainer, params: dict, saved: dict) -> None:
     """Write full weights and optimizer.pt's state into this run's optimizer, whatever its number of processes.
-    Collective under DeepSpeed (every rank loads the same files and calls it)."""
+    Collective under DeepSpeed (every rank loads the same files and calls it, after `distributed.release_gathered`)."""
     names = param_group_names(trainer)
     live = _trainable(trainer)
     if not trainer.is_deepspeed_enabled:
@@ -143,9 +141,6 @@ def load_full_state(trainer, params: dict, saved: dict) -> None:
         return
     from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
 
-    from . import distributed
-
-    distributed.release_gathered(trainer)
     zero, inner = _inner(trainer)
     first = next(iter(saved["state"].values()), None)
     keys = sorted(k for k, v in (first or {}).items() if torch.is_tensor(v) and v.dim() > 0)
