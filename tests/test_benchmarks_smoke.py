@@ -10,10 +10,12 @@ import sys
 
 import pytest
 
+from hang_guard import HANG_GUARD_S
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def run_script(args, tmp_path, timeout=600):
+def run_script(args, tmp_path, timeout=HANG_GUARD_S):
     env = dict(
         os.environ,
         HF_HUB_OFFLINE="1",
@@ -146,7 +148,7 @@ def test_paper_findings_rejects_bad_jobs(tmp_path):
     assert out.returncode == 2 and "--jobs must be at least 1" in out.stderr
 
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = pytest.mark.timeout(HANG_GUARD_S)
 
 
 def test_bench_prefix_smoke(tmp_path):

@@ -18,6 +18,8 @@ import pytest
 
 from trl_collm.cli import UsageError, main
 
+from hang_guard import HANG_GUARD_S
+
 ROOT = Path(__file__).resolve().parents[1]
 CC_CPU = str(ROOT / "examples" / "configs" / "coord-penalty" / "cc-cpu.yaml")
 SHORT = [
@@ -96,7 +98,7 @@ def test_import_and_the_task_listing_load_no_torch():
         capture_output=True,
         text=True,
         check=False,
-        timeout=120,
+        timeout=HANG_GUARD_S,
         cwd=ROOT,
         env=dict(os.environ, PYTHONPATH=str(ROOT)),
     )
@@ -196,10 +198,10 @@ def test_debug_shows_the_traceback(tmp_path):
     assert isinstance(info.value.__cause__, FileNotFoundError)
     env = dict(os.environ, TRL_COLLM_DEBUG="1", PYTHONPATH=str(ROOT))
     cmd = [sys.executable, "-m", "trl_collm.cli", "eval", "--team_dir", str(tmp_path), "--task", "coord-penalty"]
-    res = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=300, env=env, cwd=ROOT)
+    res = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=HANG_GUARD_S, env=env, cwd=ROOT)
     assert res.returncode == 1 and "Traceback (most recent call last)" in res.stderr and "UsageError" in res.stderr
     env.pop("TRL_COLLM_DEBUG")
-    res = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=300, env=env, cwd=ROOT)
+    res = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=HANG_GUARD_S, env=env, cwd=ROOT)
     assert res.returncode == 2 and res.stderr.strip().count("\n") == 0 and "team.json" in res.stderr
 
 

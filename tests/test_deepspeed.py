@@ -22,6 +22,8 @@ import pytest
 
 from trl_collm.testing import local_launch_command
 
+from hang_guard import HANG_GUARD_S
+
 pytest.importorskip("deepspeed", reason="DeepSpeed is not installed (pip install 'trl-collm[deepspeed]')")
 
 pytestmark = pytest.mark.deepspeed
@@ -34,7 +36,7 @@ RTOL, ATOL = 1e-4, 1e-5  # trajectory tolerance (observed differences are ~1e-6 
 WEIGHT_RTOL = 1e-6  # final parameter sums, DeepSpeed run vs one process
 # A hang guard, not a speed limit: a launch went past the former 300 s with the load at 4-13 on 2 cores (issue 23).
 # The suite must pass on a busy machine, so the guard only catches a launch that never ends.
-TIMEOUT = 1800
+TIMEOUT = HANG_GUARD_S
 
 
 def _env(cache: Path) -> dict:

@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from hang_guard import HANG_GUARD_S
+
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "examples" / "ppo.py"
 
@@ -138,7 +140,7 @@ def _run_script(assets, output_dir: Path, extra: list[str]) -> subprocess.Comple
         HF_DATASETS_CACHE=str(assets["root"] / "datasets-cache"),
     )
     return subprocess.run(
-        cmd, cwd=str(REPO), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300
+        cmd, cwd=str(REPO), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=HANG_GUARD_S
     )
 
 

@@ -22,6 +22,9 @@ from trl import TrlParser
 
 from trl_collm import MultiAgentMCConfig, MultiAgentPPOConfig
 from trl_collm.trainers import checkpoints
+from trl_collm.trainers.presets import plain
+
+from hang_guard import HANG_GUARD_S
 
 
 def _reward(prompts, completions, **kwargs):
@@ -36,7 +39,8 @@ MAGRPO_AT_DEFAULTS = dict(gamma=1.0, temperature=0.7, beta=0.0, top_p=1.0)
 
 
 def _defaults(cls, names):
-    return {f.name: f.default for f in cls.__dataclass_fields__.values() if f.name in names}
+    # a field a preset may fill holds its default wrapped (trainers/presets.py)
+    return {f.name: plain(f.default) for f in cls.__dataclass_fields__.values() if f.name in names}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -139,7 +143,7 @@ def _holder_process(out) -> subprocess.Popen:
     """Another process holding output_dir's lock, as a running training would."""
     code = (
         "import sys, time; from trl_collm.trainers.output_dir import OutputDirLock; "
-        f"OutputDirLock({str(out)!r}).acquire(); print('held', flush=True); time.sleep(600)"
+        f"OutputDirLock({str(out)!r}).acquire(); print('held', flush=True); time.sleep({2 * HANG_GUARD_S})"
     )
     os.makedirs(out, exist_ok=True)
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
@@ -163,7 +167,7 @@ def test_second_run_into_a_busy_output_dir_is_refused_then_a_crashed_holder_is_t
         assert not checkpoints.complete_checkpoints(str(out))
     finally:
         holder.send_signal(signal.SIGKILL)  # a crash: the lock file stays behind
-        holder.wait(timeout=30)
+        holder.wait(timeout=HANG_GUARD_S)
     assert (out / LOCK_FILE).exists()
     tr.train()  # the holder's pid is dead on this host: a stale lock, taken over
     assert [os.path.basename(p) for p in checkpoints.complete_checkpoints(str(out))] == ["checkpoint-1", "checkpoint-2"]

@@ -14,13 +14,15 @@ import torch
 
 from trl_collm.trainers import checkpoints
 
+from hang_guard import HANG_GUARD_S
+
 SCRIPT = Path(__file__).parent / "scripts" / "train_for_resume.py"
 VOLATILE = ("time/iteration_s", "eps")  # wall-clock figures differ between runs
 
 
 def _run(out, *extra, env):
     return subprocess.run(
-        [sys.executable, str(SCRIPT), str(out), *extra], env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, str(SCRIPT), str(out), *extra], env=env, capture_output=True, text=True, timeout=HANG_GUARD_S
     )
 
 
@@ -43,19 +45,19 @@ def test_killed_and_resumed_run_matches_uninterrupted_run(tmp_path, child_env):
 
     killed = tmp_path / "killed"
     proc = subprocess.Popen(
-        [sys.executable, str(SCRIPT), str(killed), "--sleep", "3"],
+        [sys.executable, str(SCRIPT), str(killed), "--hold_after_save", "2"],  # it stops after checkpoint-2
         env=child_env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
     )
     marker = killed / "checkpoint-2" / checkpoints.MARKER
-    deadline = time.time() + 240
-    while not marker.exists() and time.time() < deadline and proc.poll() is None:
+    deadline = time.monotonic() + HANG_GUARD_S  # a hang guard: the run holds after checkpoint-2 until killed
+    while not marker.exists() and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.1)
     assert marker.exists(), "the run never wrote checkpoint-2"
     proc.send_signal(signal.SIGKILL)
-    proc.wait(timeout=30)
+    proc.wait(timeout=HANG_GUARD_S)
     assert proc.returncode == -signal.SIGKILL
     assert not (killed / "metrics.json").exists()
     assert not (killed / "checkpoint-5").exists()

@@ -35,6 +35,8 @@ import pytest
 
 from trl_collm.sandbox import SandboxUnavailable, require_sandbox
 
+from hang_guard import HANG_GUARD_S
+
 REPO = Path(__file__).resolve().parents[1]
 DRIVER = REPO / "tests" / "scripts" / "sandbox_attack_driver.py"
 NOBODY = 65534
@@ -71,7 +73,15 @@ SAMPLES: list[dict] = []
 
 
 def sample(id_, cls, mode, code, expect, **extra):
-    SAMPLES.append(dict(id=id_, cls=cls, mode=mode, code=textwrap.dedent(code).strip() + "\n", expect=expect, **extra))
+    """A sample's verdict is what it did, never when: a sample that ends on its own runs under the hang guard (an
+    hour), so that a loaded machine cannot stop it before it prints what its verdict reads. A sample whose scenario
+    is a deadline (code that never returns) names its own short `timeout` / `per_test_timeout`, and its verdict reads
+    the status the deadline left."""
+    kwargs = {"timeout": HANG_GUARD_S, **(extra.pop("kwargs", None) or {})}
+    if mode == "tests":
+        kwargs.setdefault("per_test_timeout", HANG_GUARD_S)
+    code = textwrap.dedent(code).strip() + "\n"
+    SAMPLES.append(dict(id=id_, cls=cls, mode=mode, code=code, expect=expect, kwargs=kwargs, **extra))
 
 
 def hack(id_, code, **extra):
@@ -84,14 +94,15 @@ def hack(id_, code, **extra):
         lambda r: r["passed"] == 0 and r["total"] == 4,
         tests=ADD_TESTS,
         entry_point="add",
-        kwargs={"timeout": 8.0, "per_test_timeout": 0.5, **extra.pop("kwargs", {})},
+        kwargs={"per_test_timeout": 0.5, **extra.pop("kwargs", {})},  # a wrong add scores 0 however a test ends
         **extra,
     )
 
 
 def failed(r):
-    """run_python: the program did not exit cleanly (a refused call raised) or was stopped."""
-    return r["returncode"] != 0
+    """run_python: the program did not exit cleanly (a refused call raised), and not because a deadline stopped it
+    (the samples that end on their own run under the hang guard: a time-out here would hide what the attack did)."""
+    return r["returncode"] != 0 and not r["timed_out"]
 
 
 def printed(expected):
@@ -284,7 +295,6 @@ def _problem_hack(id_, task, code, **extra):
         code,
         lambda r: r["passed"] == 0 and r["total"] >= 1,
         task=task,
-        kwargs={"timeout": 10.0, "per_test_timeout": 1.0},
         **extra,
     )
 
@@ -387,7 +397,6 @@ sample(
     print('main done', flush=True)
     """,
     lambda r: "main done" in r["stdout"],
-    kwargs={"timeout": 1.5},
 )
 sample(
     "thread-outlives-tests",
@@ -807,8 +816,8 @@ sample(
     "limits",
     "script",
     "while True:\n    pass",
-    lambda r: r["timed_out"] or r["returncode"] != 0,
-    kwargs={"timeout": 1.0},
+    lambda r: r["timed_out"] and r["killed_reason"] == "timeout",
+    kwargs={"timeout": 1.0},  # the scenario: a loop that never ends, stopped by the deadline
 )
 sample(
     "output-flood",
@@ -816,7 +825,7 @@ sample(
     "script",
     "while True:\n    print('y' * 10000)",
     lambda r: r["killed_reason"] == "output_limit",
-    kwargs={"max_output_bytes": 20000, "timeout": 5.0},
+    kwargs={"max_output_bytes": 20000},
 )
 
 sample(
@@ -971,12 +980,14 @@ sample(
     + """
 import time
 _forge(b'{"ready":true,"load_error":null,"entry":true}\\n')
-time.sleep(60)  # never reads the call: a 2 MiB argument fills the pipe
+time.sleep(__HANG__)  # never reads the call: a 2 MiB argument fills the pipe
 """,
-    lambda r: r["passed"] == 0 and r["statuses"] == ["timeout"] and r["duration"] < 10,
+    # The call's deadline stopped the blocked write: the call timed out, the whole run did not (its limit is the
+    # hang guard, and the sample sleeps past it), so the host never waited for the sample.
+    lambda r: r["passed"] == 0 and r["statuses"] == ["timeout"] and not r["timed_out"],
     tests=["assert f('x' * (2 << 20)) == 0"],
     entry_point="f",
-    kwargs={"timeout": 6.0, "per_test_timeout": 1.0},
+    kwargs={"per_test_timeout": 1.0},
 )
 sample(
     "forged-hash-colliding-set",
@@ -989,12 +1000,12 @@ def f(x):
     m = (1 << 61) - 1  # every multiple of it hashes to 0: building the set costs n * n / 2 comparisons
     body = ','.join(str(k * m) for k in range(1, 40000))
     _forge(('{"id":1,"value":{"t":"set","v":[' + body + ']}}\\n').encode())
-    time.sleep(60)
+    time.sleep(__HANG__)
 """,
-    lambda r: r["passed"] == 0 and not r["timed_out"] and r["duration"] < 8 and "repeat a hash" in r["messages"][0],
+    # Refused by the decoder's hash check (the message), before any deadline (the sample sleeps past the hang guard)
+    lambda r: r["passed"] == 0 and not r["timed_out"] and "repeat a hash" in r["messages"][0],
     tests=["assert f(1) == set()"],
     entry_point="f",
-    kwargs={"timeout": 12.0, "per_test_timeout": 4.0},
 )
 
 # --- network, including unix sockets on the host file system ----------------------------------------------------
@@ -1124,7 +1135,6 @@ sample(
     print(found)
     """,
     printed("[]"),
-    kwargs={"timeout": 20.0},
 )
 sample(
     "mount-host-proc",
@@ -1374,6 +1384,7 @@ class Host:
             "__PROJECT_FILE__": str(self.project_file),
             "__TEST_DATA__": str(self.pkg / "testdata.jsonl"),
             "__MARK__": self.mark,
+            "__HANG__": str(2 * HANG_GUARD_S),  # a sleep past the run's hang guard: only a deadline ends it
         }.items():
             code = code.replace(key, value)
         return code
@@ -1485,7 +1496,7 @@ def run_batch(user: str, rows: dict) -> dict:
             text=True,
             env=env,
             cwd=host.project,
-            timeout=300,
+            timeout=HANG_GUARD_S,
             check=False,
         )
         results = json.loads(results_path.read_text()) if results_path.exists() else {}

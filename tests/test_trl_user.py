@@ -18,6 +18,8 @@ from test_cli_usability import _fake_team
 
 from trl_collm.cli import UsageError, main
 
+from hang_guard import HANG_GUARD_S
+
 ROOT = Path(__file__).resolve().parents[1]
 CC_CPU = str(ROOT / "examples" / "configs" / "coord-penalty" / "cc-cpu.yaml")
 
@@ -167,7 +169,9 @@ def test_config_file_errors_cost_no_torch_import(tmp_path):
         "print(codes, 'torch' in sys.modules)"
     )
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    res = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, timeout=HANG_GUARD_S
+    )
     assert res.stdout.strip() == "[2, 2] False", res.stdout + res.stderr[-2000:]
 
 
@@ -457,7 +461,9 @@ def test_help_is_grouped_hides_refused_fields_and_is_kept(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT), TRL_COLLM_CACHE=str(tmp_path))
     code = "import sys; from trl_collm.cli import main; main(['ppo', '--help']); print('torch' in sys.modules)"
     runs = [
-        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+        subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, timeout=HANG_GUARD_S
+        )
         for _ in range(2)
     ]
     assert all(r.returncode == 0 for r in runs), runs[0].stderr[-2000:]

@@ -1,6 +1,6 @@
 """Train a small 2-agent CC team with a checkpoint every iteration; used by tests/test_resume.py.
 
-    python train_for_resume.py OUTPUT_DIR [--resume] [--sleep SECONDS] [--report_to tensorboard]
+    python train_for_resume.py OUTPUT_DIR [--resume] [--hold_after_save STEP] [--report_to tensorboard]
 Writes OUTPUT_DIR/metrics.json (the per-iteration metrics) at the end.
 """
 
@@ -20,14 +20,16 @@ from trl_collm import MultiAgentPPOConfig, MultiAgentPPOTrainer  # noqa: E402
 from trl_collm.testing import tiny_model_dir  # noqa: E402
 
 
-class Slow(TrainerCallback):
-    """Leaves a window after each iteration so a test can kill the process between checkpoints."""
+class HoldAfterSave(TrainerCallback):
+    """Stops the run (sleeping, never finishing) once checkpoint-STEP is saved, so that a test kills it exactly
+    there however slow the machine is: no window to hit, no clock to race."""
 
-    def __init__(self, seconds):
-        self.seconds = seconds
+    def __init__(self, step):
+        self.step = step
 
-    def on_step_end(self, args, state, control, **kwargs):
-        time.sleep(self.seconds)
+    def on_save(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            time.sleep(10**6)  # killed by the test long before
 
 
 def reward(prompts, completions, **kw):
@@ -38,7 +40,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("output_dir")
     p.add_argument("--resume", action="store_true")
-    p.add_argument("--sleep", type=float, default=0.0)
+    p.add_argument("--hold_after_save", type=int, default=None)
     p.add_argument("--report_to", default="none")
     p.add_argument("--iterations", type=int, default=5)
     cli = p.parse_args()
@@ -69,7 +71,7 @@ def main():
         model=tiny_model_dir("tiny-qwen2"),
         train_dataset=dataset,
         reward_funcs=reward,
-        callbacks=[Slow(cli.sleep)] if cli.sleep else None,
+        callbacks=[HoldAfterSave(cli.hold_after_save)] if cli.hold_after_save else None,
     )
     trainer.train(resume_from_checkpoint=True if cli.resume else None)
     with open(os.path.join(cli.output_dir, "metrics.json"), "w") as f:

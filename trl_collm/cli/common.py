@@ -153,16 +153,25 @@ def _get_task(name: str):
 
 
 def _check_options(task, opts: dict) -> None:
-    """--task_options the task's make_env and load_dataset do not take would be dropped: refuse them."""
-    takers = [task.make_env, task.load_dataset]
-    if not opts or any(_takes_any_keyword(f) for f in takers):
+    """--task_options the task does not know would be dropped (or swallowed by a `**options` factory): refuse them.
+    A task's options are the keywords its make_env / load_dataset name plus the ones its TaskSpec documents in
+    `options`; a factory's `**options` alone declares none, since nothing says what it would do with them."""
+    if not opts:
         return
-    known = set().union(*(inspect.signature(f).parameters for f in takers)) - {"split", "source", "limit"}
+    takers = [task.make_env, task.load_dataset]
+    named = {
+        name
+        for f in takers
+        for name, p in inspect.signature(f).parameters.items()
+        if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
+    }
+    known = (named | set(task.options or {})) - {"split", "source", "limit"}
     unknown = sorted(set(opts) - known)
     if unknown:
+        declare = " (a task of yours: name it in make_env's signature or TaskSpec.options)"
         raise UsageError(
             f"--task_options: task {task.name!r} takes no option {', '.join(map(repr, unknown))} "
-            f"(its options: {sorted(known) or 'none'}); drop it"
+            f"(its options: {sorted(known) or 'none'}); drop it{declare if not task.options else ''}"
         )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import functools
 import inspect
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -116,6 +117,22 @@ def _check_joint_signature(f: Callable, index: int, agent_names) -> None:
     )
 
 
+def _measures_list_length(out, completions: list[list[str]]) -> bool:
+    """True when a joint reward returned len(completions[e]) (the number of agents) for every episode while the
+    episodes' texts differ in length: what a TRL-style reward written for one completion per sample, say
+    `[len(c) for c in completions]`, returns here without an error (its annotation, when it has one, is refused at
+    construction; an unannotated one can only be told by this effect). Needs 2 episodes or more."""
+    try:
+        values = [float(v) for v in out]
+    except (TypeError, ValueError):
+        return False
+    if len(values) < 2 or len(values) != len(completions):
+        return False
+    if any(v != len(c) for v, c in zip(values, completions)):
+        return False
+    return len({sum(len(t) for t in c if isinstance(t, str)) for c in completions}) > 1
+
+
 def _default_observation(row: dict) -> Observation:
     if "prompt" in row:
         return row["prompt"]
@@ -207,6 +224,7 @@ class RewardFunctionEnv(MultiAgentEnv):
         self.agent_names = list(agent_names) if agent_names is not None else None
         self.max_turns = 1
         self.last_reward_components: dict[str, torch.Tensor] = {}
+        self._shape_checked: set[str] = set()  # reward functions whose first batch was checked (_measures_list_length)
         self._rows: list[dict] | None = None
         self._observations: list[list[Observation]] | None = None
 
@@ -278,6 +296,17 @@ class RewardFunctionEnv(MultiAgentEnv):
         components = {}
         for f, name, w in zip(self.reward_funcs, self.reward_func_names, self.reward_weights):
             out = f(prompts=prompts, completions=completions, **columns)
+            if name not in self._shape_checked and not getattr(f, "scores_per_agent", False):
+                self._shape_checked.add(name)  # the first batch only: the hot path stays one call per function
+                if _measures_list_length(out, completions):
+                    warnings.warn(
+                        f"RewardFunctionEnv: reward function '{name}' returned the number of agents "
+                        f"({len(completions[0])}) for every episode although the texts' lengths differ: a TRL-style "
+                        f"reward measuring len() of episode e's list of agent texts? Wrap it as per_agent({name}) "
+                        "to score each agent's text on its own.",
+                        UserWarning,
+                        stacklevel=2,
+                    )
             values = as_float_rewards(
                 out,
                 num_agents,

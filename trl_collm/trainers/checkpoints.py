@@ -472,18 +472,31 @@ def check_same_base(trainer, path: str) -> None:
     silently. Compare each agent's frozen-weight fingerprint with the one the checkpoint's team.json records."""
     from ..team.saved import TEAM_FILE, read_team_file
 
+    needs_base = {a: now for a, now in trainer.base_identity.items() if now["frozen_fingerprint"]}
+    if not needs_base:
+        return  # nothing frozen (full models) or partitioned (ZeRO-3): the checkpoint holds every weight it needs
+    # A missing record is a refusal, never a pass: the trained weights alone cannot say which base they belong to.
     if not os.path.isfile(os.path.join(path, TEAM_FILE)):
-        return
-    saved = read_team_file(path).get("base") or {}  # checkpoints written before this check record none
-    for agent, now in trainer.base_identity.items():
-        then = saved.get(agent) or {}
-        if then.get("frozen_fingerprint") and now["frozen_fingerprint"]:
-            if then["frozen_fingerprint"] != now["frozen_fingerprint"]:
-                raise ValueError(
-                    f"checkpoint {path!r} was trained with agent {agent!r} on base model {then.get('model')!r}, but "
-                    f"this run builds it on {now['model']!r}, whose frozen weights differ. Resume on the base the "
-                    "checkpoint was trained on, or start over in another output_dir."
-                )
+        raise ValueError(
+            f"checkpoint {path!r} has no {TEAM_FILE}, so the base model its adapters were trained on cannot be "
+            f"checked; restore {TEAM_FILE} from a copy of the checkpoint, or start over in another output_dir."
+        )
+    saved = read_team_file(path).get("base") or {}
+    unrecorded = [a for a in needs_base if not (saved.get(a) or {}).get("frozen_fingerprint")]
+    if unrecorded:
+        raise ValueError(
+            f"checkpoint {path!r}'s {TEAM_FILE} records no base fingerprint for agents {unrecorded} (written before "
+            "trl-collm recorded one, or under ZeRO-3), so their base cannot be checked; resume with the version "
+            "and settings that wrote it, or start over in another output_dir."
+        )
+    for agent, now in needs_base.items():
+        then = saved[agent]
+        if then["frozen_fingerprint"] != now["frozen_fingerprint"]:
+            raise ValueError(
+                f"checkpoint {path!r} was trained with agent {agent!r} on base model {then.get('model')!r}, but "
+                f"this run builds it on {now['model']!r}, whose frozen weights differ. Resume on the base the "
+                "checkpoint was trained on, or start over in another output_dir."
+            )
 
 
 def load_parameters(trainer, path: str) -> None:
