@@ -24,19 +24,20 @@ FORMAT = "trl-collm/optimizer/1"
 
 
 def param_group_names(trainer) -> list[list[str]]:
-    """The trainable parameter names of each optimizer group, in the optimizer's order (recorded before DeepSpeed
-    replaced the groups' parameters with its flat partitions: `remember_param_groups`)."""
+    """The trainable parameter names of each optimizer group, in the optimizer's order (under DeepSpeed as recorded
+    by `remember_param_groups`, before ZeRO replaced the groups' parameters with its flat partitions)."""
     recorded = getattr(trainer, "_param_group_names", None)
-    if recorded is not None:
-        return recorded
-    name_of = {id(p): n for n, p in trainer.model.named_parameters()}
-    return [[name_of[id(p)] for p in group["params"]] for group in trainer.optimizer.param_groups]
+    return recorded if recorded is not None else _names_in(trainer.optimizer, trainer.model)
 
 
 def remember_param_groups(trainer) -> None:
     """Before `accelerator.prepare` hands the optimizer to DeepSpeed: keep each group's parameter names."""
-    trainer._param_group_names = None
-    trainer._param_group_names = param_group_names(trainer)
+    trainer._param_group_names = _names_in(trainer.optimizer, trainer.model)
+
+
+def _names_in(optimizer, model) -> list[list[str]]:
+    name_of = {id(p): n for n, p in model.named_parameters()}
+    return [[name_of[id(p)] for p in group["params"]] for group in optimizer.param_groups]
 
 
 def _trainable(trainer) -> dict[str, torch.nn.Parameter]:
