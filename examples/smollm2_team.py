@@ -74,21 +74,22 @@ class IterationBar(TrainerCallback):
         self.bar.close()
 
 
-def play(team, rows, response_length: int, temperature: float, desc: str) -> list[dict]:
+def play(team, rows, response_length: int, temperature: float, desc: str, bf16: bool) -> list[dict]:
     """Each row played once by the team, in chunks (a progress step each); per play: score, level 1, word counts,
     texts. The chunk's sampling seed depends on its position only, so before and after draw alike."""
     plays = []
     chunks = [rows[i : i + EVAL_CHUNK] for i in range(0, len(rows), EVAL_CHUNK)]
     for i, chunk in enumerate(tqdm(chunks, desc=desc, unit="batch", dynamic_ncols=True)):
-        _, roll = rollout_team(
-            None,
-            chunk,
-            task=TASK,
-            max_new_tokens=response_length,
-            temperature=temperature,
-            seed=EVAL_SEED + i,
-            team=team,
-        )
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):  # as the team samples in training
+            _, roll = rollout_team(
+                None,
+                chunk,
+                task=TASK,
+                max_new_tokens=response_length,
+                temperature=temperature,
+                seed=EVAL_SEED + i,
+                team=team,
+            )
         concise, detailed = (roll.turns[0][a].gen.texts for a in SUMMARY_RULES.parts)
         for row, c, d in zip(chunk, concise, detailed):
             s = score_pair(c, d, row["document"], SUMMARY_RULES)
@@ -163,7 +164,7 @@ def main():
     bf16 = cli.dtype == "bf16" or (cli.dtype == "auto" and cpu_has_native_bf16())
     print(
         f"CPU: {cpu_description()}; {threads} torch thread(s); training compute "
-        f"{'bf16 autocast, float32 weights' if bf16 else 'float32'}; held-out plays in float32",
+        f"{'bf16 autocast, float32 weights' if bf16 else 'float32'} (held-out plays alike)",
         flush=True,
     )
     task = get_task(TASK)
@@ -200,15 +201,15 @@ def main():
     held_out = list(task.load_dataset("eval", limit=cli.eval_posts))
 
     team = trainer.team.eval()
-    before = play(team, held_out, cli.response_length, 1.0, "held-out plays, before")
+    before = play(team, held_out, cli.response_length, 1.0, "held-out plays, before", bf16)
     report("before training", before)
-    show_texts("before training", play(team, held_out[:SHOWN_POSTS], cli.response_length, 0.0, "greedy texts"))
+    show_texts("before training", play(team, held_out[:SHOWN_POSTS], cli.response_length, 0.0, "greedy texts", bf16))
 
     trainer.train()
 
     team = trainer.team.eval()
-    after = play(team, held_out, cli.response_length, 1.0, "held-out plays, after")
-    show_texts("after training", play(team, held_out[:SHOWN_POSTS], cli.response_length, 0.0, "greedy texts"))
+    after = play(team, held_out, cli.response_length, 1.0, "held-out plays, after", bf16)
+    show_texts("after training", play(team, held_out[:SHOWN_POSTS], cli.response_length, 0.0, "greedy texts", bf16))
     report("before training", before)
     report(f"after {cli.iterations} iterations ({cli.iterations * cli.posts * GROUP} env steps)", after)
     change, se = mean_se([a["score"] - b["score"] for a, b in zip(after, before)])
