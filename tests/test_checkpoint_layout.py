@@ -90,6 +90,7 @@ def test_resume_says_where_from_and_keeps_the_checkpoint_learning_rate(
         resumed.train(resume_from_checkpoint=checkpoint)
     lines = [r.getMessage() for r in caplog.records]
     assert f"resumed from {checkpoint} at step 1 (episode 4)" in lines
+    assert not any("re-partitioned" in line for line in lines)  # the same single process: nothing moved
     changed = [line for line in lines if "differ from the checkpoint" in line]
     assert len(changed) == 1 and "learning_rate (checkpoint 0.001, this run 0.005)" in changed[0], lines
     assert resumed_rates.rates == pytest.approx(rates.rates[2:])  # steps 2 and 3 of 4: 0.5 and 0.25 x 1e-3

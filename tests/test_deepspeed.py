@@ -272,6 +272,35 @@ def test_deepspeed_run_stopped_and_resumed_ends_with_the_weights_of_an_unstopped
             assert _close(got, expected, RTOL, ATOL), (processes, key, got, expected)
 
 
+@pytest.mark.timeout(6 * TIMEOUT)
+def test_checkpoints_move_between_one_plain_process_and_zero2(tmp_path, model_cache):
+    """optimizer.pt is one process's optimizer state under DeepSpeed too, so a plain 1-process checkpoint resumes
+    under ZeRO-2 on 2 processes, and a 2-process ZeRO-2 checkpoint resumes in one plain process; both end with the
+    unbroken plain run's weights as closely as 2 processes and 1 agree (measured ~2e-10 relative)."""
+    import shutil
+
+    from trl_collm.testing import tiny_model_dir
+
+    tiny_model_dir("tiny-qwen2")
+    common = ["--iterations", "3", "--save-steps", "1"]
+    straight = _single("separate", "centralized", tmp_path / "straight", model_cache, common)
+    plain = tmp_path / "plain"
+    _single("separate", "centralized", plain, model_cache, [*common, "--stop-after", "2"])
+    shutil.move(plain / "single", plain / "zero2")  # where _launch looks for its run: the plain run's checkpoints
+    to_zero2 = _launch(2, "separate", "centralized", plain, model_cache, [*common, "--resume"])
+    zero2 = tmp_path / "zero2-run"
+    _launch(2, "separate", "centralized", zero2, model_cache, [*common, "--stop-after", "2"])
+    shutil.move(zero2 / "zero2", zero2 / "single")
+    to_plain = _single("separate", "centralized", zero2, model_cache, [*common, "--resume"])
+    assert to_zero2["world_size"] == 2 and to_zero2["zero_stage"] == 2
+    assert to_plain["world_size"] == 1 and to_plain["zero_stage"] == -1
+    for run in (to_zero2, to_plain):
+        assert len(run["history"]) == 3
+        for a, (s, abs_s) in straight["fingerprints"].items():
+            got = run["fingerprints"][a]
+            assert _close(got[0], s, WEIGHT_RTOL, 1e-6) and _close(got[1], abs_s, WEIGHT_RTOL), (a, got, (s, abs_s))
+
+
 @pytest.mark.timeout(2 * TIMEOUT)
 def test_deepspeed_skips_a_step_whose_loss_is_infinite_on_one_rank(tmp_path, model_cache):
     """Rank 0's losses of iteration 2 are +inf while every gradient stays finite: ZeRO's own check would pass them,

@@ -7,7 +7,8 @@ the same run on 2 processes of one machine (the same ranks, the same partitions:
 `load_team` loads, and show the roles: each node has its own main process (local rank 0), one of them is the
 global main; checkpoints, the team and Hub pushes are the global main's (`should_save`), metrics are printed by
 each node's main (`log_on_each_node`, transformers' default). A per-node output_dir is refused before training, and
-a machine whose partner never comes fails at the rendezvous within the timeout it was given.
+a machine whose partner never comes fails at the rendezvous within the timeout it was given, in one line
+(`python -m trl_collm.cli.launch`, accelerate launch with that one line).
 """
 
 from __future__ import annotations
@@ -37,8 +38,8 @@ def _free_port() -> str:
         return str(sock.getsockname()[1])
 
 
-def _machine(rank: int, port: str, stage: int, out: Path, extra=()) -> list[str]:
-    launcher = ["accelerate.commands.launch", "--num_machines", "2", "--machine_rank", str(rank), "--num_processes"]
+def _machine(rank: int, port: str, stage: int, out: Path, extra=(), module="accelerate.commands.launch") -> list[str]:
+    launcher = [module, "--num_machines", "2", "--machine_rank", str(rank), "--num_processes"]
     launcher += ["2", "--main_process_ip", "127.0.0.1", "--main_process_port", port, "--mixed_precision", "no"]
     launcher += ["--rdzv_conf", f"timeout={RENDEZVOUS_TIMEOUT}", "--config_file", str(CONFIGS / f"zero{stage}.yaml")]
     return [sys.executable, "-m", *launcher, str(SCRIPT), "--out", str(out), *extra]
@@ -125,20 +126,25 @@ def test_a_per_node_output_dir_is_refused_before_training(tmp_path, model_cache)
 
 
 @pytest.mark.timeout(HANG_GUARD)
-def test_rendezvous_fails_within_its_timeout_when_the_other_machine_never_comes(tmp_path, model_cache):
-    """Machine 0 alone: the launcher's rendezvous gives up after --rdzv_conf timeout=10 (torch's default is 600 s)
-    and says how many machines joined; nothing is trained. (The wall clock is not judged: the hang guard only
-    catches a launcher that waits forever.)"""
+@pytest.mark.parametrize(
+    "rank,cause",
+    [(0, "1/2 clients joined"), (1, "timed out after 10000ms while trying to connect")],
+    ids=["machine0-alone", "machine1-alone"],
+)
+def test_rendezvous_fails_in_one_line_within_its_timeout_when_the_other_machine_never_comes(
+    rank, cause, tmp_path, model_cache
+):
+    """One machine alone, launched through `trl_collm.cli.launch` (accelerate launch's arguments): its launcher
+    gives up after --rdzv_conf timeout=10 (torch's default is 600 s) and says so in one line, no traceback; nothing
+    is trained. Machine 0 waits for the others to join its store; machine 1 cannot reach node 0's. (The wall clock
+    is not judged: the hang guard only catches a launcher that waits forever.)"""
     out = tmp_path / "alone"
-    run = subprocess.run(
-        _machine(0, _free_port(), 2, out),
-        cwd=ROOT,
-        env=_env(model_cache),
-        capture_output=True,
-        text=True,
-        timeout=HANG_GUARD,
-    )
-    assert run.returncode != 0
-    last = run.stderr.strip().splitlines()[-1]
-    assert "Timed out after" in last and "1/2 clients joined" in last, run.stderr[-3000:]
+    cmd = _machine(rank, _free_port(), 2, out, module="trl_collm.cli.launch")
+    run = subprocess.run(cmd, cwd=ROOT, env=_env(model_cache), capture_output=True, text=True, timeout=HANG_GUARD)
+    assert run.returncode == 1, run.stderr[-3000:]
+    assert "Traceback" not in run.stderr, run.stderr[-3000:]
+    ours = [line for line in run.stderr.splitlines() if line.startswith("rendezvous failed")]
+    assert len(ours) == 1 and ours[0] == run.stderr.strip().splitlines()[-1], run.stderr[-3000:]
+    assert f"on machine {rank} of 2 (127.0.0.1:" in ours[0] and cause in ours[0], ours[0]
+    assert "--rdzv_conf timeout=<seconds>" in ours[0]
     assert not out.exists() or not os.listdir(out)

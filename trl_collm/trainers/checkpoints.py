@@ -98,6 +98,7 @@ def _save_engine_state(trainer, folder: str) -> tuple[dict, dict] | None:
         trainer.model_wrapped.save_checkpoint(
             os.path.join(folder, ENGINE_DIR), tag=ENGINE_TAG, save_latest=False, exclude_frozen_parameters=True
         )
+    distributed.release_gathered(trainer)  # the save may have gathered (ZeRO-3's consolidated team)
     full = optimizer_state.full_state(trainer)
     trainer.accelerator.wait_for_everyone()  # every shard is on disk before rank 0 completes the folder
     return full
@@ -279,24 +280,33 @@ def load_checkpoint(trainer, path: str) -> dict:
         _copy_params(trainer, state["params"])
         trainer.optimizer.load_state_dict(state["optimizer"])
     else:
+        distributed.release_gathered(trainer)
         optimizer_state.load_full_state(trainer, state["params"], saved_optimizer)
-        if trainer.is_world_process_zero():
-            logger.warning(
-                "checkpoint %s was written by %s process(es)%s and this run has %d%s: its weights and optimizer "
-                "state were re-partitioned from optimizer.pt (exact); the data position continues; sampled "
-                "rollouts do not repeat the old run's draws (docs/deepspeed.md, resuming on another world size)",
-                path,
-                state.get("world_size"),
-                " under DeepSpeed" if os.path.isdir(os.path.join(path, ENGINE_DIR)) else "",
-                trainer.accelerator.num_processes,
-                " under DeepSpeed" if trainer.is_deepspeed_enabled else "",
-            )
+        _say_moved(trainer, state, path)
     scheduler = state["scheduler"] if state.get("layout", 1) < LAYOUT else _read(path, SCHEDULER_FILE)
     _resume_schedule(trainer, scheduler, state, changed, path)
     trainer.load_checkpoint_state(state.get("extra", {}))
     state["rng"] = _rng_for_this_process(trainer, state, path)
     set_rng_state(state["rng"])
     return state
+
+
+def _say_moved(trainer, state: dict, path: str) -> None:
+    """One warning when the checkpoint moved to another number of processes, or into or out of DeepSpeed."""
+    saved_world, world = state.get("world_size"), trainer.accelerator.num_processes
+    saved_ds = os.path.isdir(os.path.join(path, ENGINE_DIR))
+    if (saved_world == world and saved_ds == trainer.is_deepspeed_enabled) or not trainer.is_world_process_zero():
+        return
+    logger.warning(
+        "checkpoint %s was written by %s process(es)%s and this run has %d%s: its weights and optimizer state were "
+        "re-partitioned from optimizer.pt (exact); the data position continues; sampled rollouts do not repeat the "
+        "old run's draws (docs/deepspeed.md, 'What a resume does')",
+        path,
+        saved_world,
+        " under DeepSpeed" if saved_ds else "",
+        world,
+        " under DeepSpeed" if trainer.is_deepspeed_enabled else "",
+    )
 
 
 def _copy_params(trainer, params: dict) -> None:

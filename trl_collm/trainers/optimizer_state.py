@@ -24,19 +24,20 @@ FORMAT = "trl-collm/optimizer/1"
 
 
 def param_group_names(trainer) -> list[list[str]]:
-    """The trainable parameter names of each optimizer group, in the optimizer's order (recorded before DeepSpeed
-    replaced the groups' parameters with its flat partitions: `remember_param_groups`)."""
+    """The trainable parameter names of each optimizer group, in the optimizer's order (under DeepSpeed as recorded
+    by `remember_param_groups`, before ZeRO replaced the groups' parameters with its flat partitions)."""
     recorded = getattr(trainer, "_param_group_names", None)
-    if recorded is not None:
-        return recorded
-    name_of = {id(p): n for n, p in trainer.model.named_parameters()}
-    return [[name_of[id(p)] for p in group["params"]] for group in trainer.optimizer.param_groups]
+    return recorded if recorded is not None else _names_in(trainer.optimizer, trainer.model)
 
 
 def remember_param_groups(trainer) -> None:
     """Before `accelerator.prepare` hands the optimizer to DeepSpeed: keep each group's parameter names."""
-    trainer._param_group_names = None
-    trainer._param_group_names = param_group_names(trainer)
+    trainer._param_group_names = _names_in(trainer.optimizer, trainer.model)
+
+
+def _names_in(optimizer, model) -> list[list[str]]:
+    name_of = {id(p): n for n, p in model.named_parameters()}
+    return [[name_of[id(p)] for p in group["params"]] for group in optimizer.param_groups]
 
 
 def _trainable(trainer) -> dict[str, torch.nn.Parameter]:
@@ -76,9 +77,8 @@ def _hyperparameters(group: dict) -> dict:
 
 def full_state(trainer) -> tuple[dict, dict] | None:
     """(trainable fp32 weights by name, optimizer.pt's dict) of the whole team. Collective under DeepSpeed (every
-    rank must call it); rank 0 gets the tensors, the other ranks None."""
-    from . import distributed
-
+    rank must call it; under ZeRO-3 no model may be held gathered: `distributed.release_gathered` first); rank 0
+    gets the tensors, the other ranks None."""
     names = param_group_names(trainer)
     if not trainer.is_deepspeed_enabled:
         if not trainer.is_world_process_zero():
@@ -87,7 +87,6 @@ def full_state(trainer) -> tuple[dict, dict] | None:
         return params, {**trainer.optimizer.state_dict(), "param_names": names, "format": FORMAT}
     from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
 
-    distributed.release_gathered(trainer)  # ZeRO-3: the gathers below must not overlap the trainer's own
     zero, inner = _inner(trainer)
     keys, scalars = _state_layout(zero, inner)
     if keys:
@@ -132,7 +131,7 @@ def check_fits(saved: dict, trainer, path: str) -> None:
 
 def load_full_state(trainer, params: dict, saved: dict) -> None:
     """Write full weights and optimizer.pt's state into this run's optimizer, whatever its number of processes.
-    Collective under DeepSpeed (every rank loads the same files and calls it)."""
+    Collective under DeepSpeed (every rank loads the same files and calls it, after `distributed.release_gathered`)."""
     names = param_group_names(trainer)
     live = _trainable(trainer)
     if not trainer.is_deepspeed_enabled:
@@ -143,9 +142,6 @@ def load_full_state(trainer, params: dict, saved: dict) -> None:
         return
     from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
 
-    from . import distributed
-
-    distributed.release_gathered(trainer)
     zero, inner = _inner(trainer)
     first = next(iter(saved["state"].values()), None)
     keys = sorted(k for k, v in (first or {}).items() if torch.is_tensor(v) and v.dim() > 0)
