@@ -40,6 +40,7 @@ from .common import (
     user_errors,
 )
 from .evaluate import evaluate_team
+from .precheck import check_config_keys, keep_option_names, precheck, read_config
 
 
 def _check_push(args) -> bool:
@@ -158,26 +159,15 @@ def _train_parser(kind: str, config_cls):
     return parser
 
 
-def _check_config_file(argv: list[str]) -> None:
-    """Read --config before the parser is built (building it imports transformers and torch, seconds of CPU): a
-    missing or malformed file costs only a YAML parse."""
-    path = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--config"), None)
-    path = path or next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
-    if path is None:
+def _check_config_keys(kind: str, argv: list[str], parser) -> None:
+    """The YAML keys no option takes, said in one line (naming the other trainer when they are its options)."""
+    path, config = read_config(argv)
+    names = {a.dest for a in parser._actions}
+    if path is None or set(config) <= names | {"env"}:
         return
-    import yaml
-
-    try:
-        with open(path) as f:
-            data = yaml.safe_load(f)
-    except OSError as e:
-        raise UsageError(f"--config {path}: {e.strerror or e}; give the path of a YAML config file") from e
-    except yaml.YAMLError as e:  # the message holds the line and column
-        raise UsageError(f"--config {path}: not valid YAML: {e}; fix that line") from e
-    if data is not None and not isinstance(data, dict):
-        raise UsageError(
-            f"--config {path}: the file must hold `field: value` lines (a YAML mapping), not a {type(data).__name__}"
-        )
+    twin = "mc" if kind == "ppo" else "ppo"
+    other = {a.dest for a in _train_parser(twin, _config_cls(twin))._actions}
+    check_config_keys(kind, path, config, names, other)
 
 
 def _parse_training(parser, argv: list[str]):
@@ -222,7 +212,9 @@ def _print_help(kind: str, config_cls_of) -> None:
         with open(path) as f:
             text = f.read()
     except OSError:
-        text = _train_parser(kind, config_cls_of()).format_help()
+        parser = _train_parser(kind, config_cls_of())
+        keep_option_names(path, parser)
+        text = parser.format_help()
         with contextlib.suppress(OSError):  # a read-only home only costs the next --help its seconds
             os.makedirs(os.path.dirname(path), exist_ok=True)
             with open(path + f".{os.getpid()}", "w") as f:
@@ -245,9 +237,11 @@ def train(kind: str, argv: list[str]) -> str | None:
     if "-h" in argv or "--help" in argv:
         _print_help(kind, lambda: _config_cls(kind))
         return None
-    _check_config_file(argv)
-    config_cls = _config_cls(kind)
-    task_args, args, model_args = _parse_training(_train_parser(kind, config_cls), argv)
+    precheck(kind, argv, _help_cache_file)  # before the parser: building it imports transformers and torch
+    parser = _train_parser(kind, _config_cls(kind))
+    keep_option_names(_help_cache_file(kind), parser)
+    _check_config_keys(kind, argv, parser)
+    task_args, args, model_args = _parse_training(parser, argv)
     import torch
 
     set_cpu_threads(task_args.threads, on_cpu=args.use_cpu or not torch.cuda.is_available())
