@@ -323,10 +323,7 @@ def train(kind: str, argv: list[str]) -> str | None:
         trainer.task_record = task_record(task, task_args.task, opts, task_args.dataset_source)
     with _disk_errors(args.output_dir):
         trainer.train(resume_from_checkpoint=resume)
-        trainer.save_model(args.output_dir)
-    model_name = os.path.basename(os.path.normpath(args.output_dir))
-    # the card's loader snippet calls get_task() with this: the built-in name, or the import path as given
-    trainer.create_model_card(model_name=model_name, task=task_args.task)
+        trainer.save_model(args.output_dir)  # the team and its card (the card's task: task_record's ref, as given)
     if task_args.plot and trainer.is_world_process_zero():
         from .plotting import curve_title
 

@@ -491,14 +491,17 @@ class TeamTrainerBase(TeamUpdates, _BaseTrainer):
             desc["task"] = dict(self.task_record)
         return desc
 
-    def create_model_card(self, model_name=None, dataset_name=None, tags=None, task=None):
+    def create_model_card(self, model_name=None, dataset_name=None, tags=None, task=None, output_dir=None):
         """The team card (README.md in output_dir, built by trl_collm.team.card in place of TRL's single-model card):
-        each agent's base model, the task (`task`: a registry name or import path), algorithm and critic, the last
-        metrics, how to load and run the team."""
+        each agent's base model, the task (`task`: a registry name or import path; default: the one `task_record`
+        holds, as the CLI sets it), algorithm and critic, the last metrics, how to load and run the team."""
         from ..team.card import write_team_card
 
+        task = task if task is not None else (self.task_record or {}).get("ref")
         if self.is_world_process_zero():
-            write_team_card(self, model_name=model_name, dataset_name=dataset_name, tags=tags, task=task)
+            write_team_card(
+                self, model_name=model_name, dataset_name=dataset_name, tags=tags, task=task, output_dir=output_dir
+            )
 
     def push_to_hub(
         self,
@@ -524,6 +527,8 @@ class TeamTrainerBase(TeamUpdates, _BaseTrainer):
         if self.is_world_process_zero():
             saved.write_team(output_dir, self.team, self.critic, self.team_description(), full)
             torch.save(self.args, os.path.join(output_dir, "training_args.bin"))
+            # The card beside the team, from Python as from the CLI (which calls save_model too)
+            self.create_model_card(model_name=os.path.basename(os.path.normpath(output_dir)), output_dir=output_dir)
         if self.args.push_to_hub and not _internal_call:  # as transformers: a user's save_model() also pushes
             self.push_to_hub(commit_message="Model save")  # every rank: it saves again (a collective under ZeRO-3)
 
