@@ -479,3 +479,48 @@ def test_help_is_grouped_hides_refused_fields_and_is_kept(tmp_path):
     for shown in ("--learning_rate", "--critic_type", "--use_peft", "--threads", "--task_options"):
         assert shown in text, shown
     assert len(text.splitlines()) < 800  # 1,013 lines before
+
+
+def test_save_model_from_python_writes_the_card_and_no_absolute_path(tmp_path, monkeypatch, make_config, qwen_path):
+    """trainer.save_model() writes README.md as the CLI does, and neither it nor team.json names the model's
+    absolute folder; load_team still finds the LoRA team's base (recorded relative to the team folder)."""
+    from datasets import Dataset
+    from peft import LoraConfig
+
+    from trl_collm import MultiAgentPPOTrainer
+    from trl_collm.team.saved import load_team
+
+    args = make_config(tmp_path, agent_names=["alice", "bob"], per_device_train_batch_size=2, total_episodes=2)
+    trainer = MultiAgentPPOTrainer(
+        args=args,
+        model=qwen_path,
+        train_dataset=Dataset.from_dict({"prompt": ["one two", "three four"]}),
+        reward_funcs=lambda prompts, completions, **kw: [float(len(a) > len(b)) for a, b in completions],
+        peft_config=LoraConfig(r=2, target_modules=["q_proj"], task_type="CAUSAL_LM"),
+    )
+    trainer.task_record = {"name": "mine", "ref": "my_tasks.py:TASK", "options": {}, "dataset_source": None}
+    trainer.train()
+    out = tmp_path / "saved"
+    trainer.save_model(str(out))
+    card, team_json = (out / "README.md").read_text(), (out / "team.json").read_text()
+    assert "my_tasks.py:TASK" in card and "| alice |" in card  # the task as the CLI records it, and the agents' table
+    for text in (card, team_json):
+        assert os.path.dirname(qwen_path) not in text and str(tmp_path) not in text
+    desc = json.loads(team_json)
+    assert desc["base_model"] == os.path.relpath(qwen_path, out) and desc["base"]["alice"]["model"] == desc["base_model"]
+    monkeypatch.chdir(tmp_path.parent)  # resolved against the team folder, not the working directory
+    assert load_team(str(out)).names == ["alice", "bob"]
+
+
+def test_portable_model_refs(tmp_path):
+    from trl_collm.team.saved import portable_model_ref, resolve_base_ref
+
+    packaged = tmp_path / "smollm2-135m-instruct-0.1.0-12345"
+    packaged.mkdir()
+    assert portable_model_ref(str(packaged), str(tmp_path / "team")) == "smollm2-135m-instruct"
+    base = tmp_path / "models" / "base"
+    base.mkdir(parents=True)
+    ref = portable_model_ref(str(base), str(tmp_path / "runs" / "team"))
+    assert ref == os.path.join("..", "..", "models", "base")
+    assert resolve_base_ref(ref, str(tmp_path / "runs" / "team")) == str(base)
+    assert portable_model_ref("Qwen/Qwen2.5-0.5B", str(tmp_path)) == "Qwen/Qwen2.5-0.5B"  # a Hub id as is
