@@ -507,7 +507,8 @@ def test_save_model_from_python_writes_the_card_and_no_absolute_path(tmp_path, m
     for text in (card, team_json):
         assert os.path.dirname(qwen_path) not in text and str(tmp_path) not in text
     desc = json.loads(team_json)
-    assert desc["base_model"] == os.path.relpath(qwen_path, out) and desc["base"]["alice"]["model"] == desc["base_model"]
+    assert desc["base_model"] == os.path.relpath(qwen_path, out)
+    assert desc["base"]["alice"]["model"] == desc["base_model"]
     monkeypatch.chdir(tmp_path.parent)  # resolved against the team folder, not the working directory
     assert load_team(str(out)).names == ["alice", "bob"]
 
