@@ -91,14 +91,15 @@ def check_config_keys(kind: str, path: str, config: dict, names: set[str], other
 
 
 def check_task_name(name: str) -> None:
-    """An unknown built-in name, from the catalogue (no task module imported)."""
-    from ..tasks import _REGISTRY, BUILTIN_TASKS, is_import_path
+    """A built-in name or an import path passes at once (the catalogue: no task module imported)."""
+    from ..tasks import is_import_path, known_task_names
 
-    if is_import_path(name) or name in BUILTIN_TASKS or name in _REGISTRY:
+    known = known_task_names()
+    if is_import_path(name) or name in known:
         return
     raise UsageError(
-        f"unknown task {name!r}; choose one of {sorted(set(BUILTIN_TASKS) | set(_REGISTRY))}, or give your own as "
-        "MODULE:NAME (`trl-collm tasks` says how)"
+        f"unknown task {name!r}; choose one of {sorted(known)}, or give your own as MODULE:NAME (`trl-collm tasks` "
+        "says how)"
     )
 
 

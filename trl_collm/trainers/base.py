@@ -11,7 +11,7 @@ import os
 import time
 
 import torch
-from transformers import TrainerState, set_seed
+from transformers import PrinterCallback, ProgressCallback, TrainerState, set_seed
 from transformers.trainer_callback import ExportableState
 from transformers.trainer_utils import TrainOutput
 from trl.trainer.base_trainer import _BaseTrainer
@@ -26,6 +26,7 @@ from ..team import saved
 from ..team.assembly import TeamModel, build_team, resolve_agent_names
 from . import checkpoints, distributed, evaluation, hub
 from .batches import DataPasses, rollout_loader, set_batch_sizes
+from .console import ConsoleCallback, PhaseClock, TimedSampler
 from .output_dir import check_writable, claim_output_dir
 from .updates import TeamUpdates
 
@@ -92,6 +93,11 @@ class TeamTrainerBase(TeamUpdates, _BaseTrainer):
             optimizers=optimizers,
         )
         self.team, self.critic = team, critic
+        # transformers' printers show every key as a string; ours one line of a few numbers with progress and ETA
+        for printer in (PrinterCallback, ProgressCallback):
+            self.remove_callback(printer)
+        self.add_callback(ConsoleCallback)
+        self.phase_clock = PhaseClock()
         self.sampler = self.build_sampler()
         self._last_loaded_step = None  # the global_step whose weights the backend has seen (TRL's pattern)
         for ref in team._refs.values():
@@ -130,7 +136,7 @@ class TeamTrainerBase(TeamUpdates, _BaseTrainer):
     def build_sampler(self) -> Sampler:
         """The run's sampler: the team, the backend the arguments ask for (trl_collm/generation/sampler.py), the
         config's sampling settings, and the DeepSpeed gathering and lockstep for generation."""
-        return Sampler(
+        return TimedSampler(
             self.team,
             make_backend(self.args),
             SamplingSettings.from_config(self.args),
@@ -138,7 +144,12 @@ class TeamTrainerBase(TeamUpdates, _BaseTrainer):
             unwrap=self._unwrap_for_generation(),
             logprob_temperature=self.sampler_logprob_temperature(),
             lockstep=lambda: distributed.generation_in_lockstep(self),
+            clock=self.phase_clock,
         )
+
+    def run_updates(self, scored, pairs, epochs: int, per_agent: bool) -> dict:
+        with self.phase_clock.phase("update"):  # the iteration's "update" time (trainers/console.py)
+            return super().run_updates(scored, pairs, epochs, per_agent)
 
     def sampler_logprob_temperature(self) -> float | None:
         """The temperature at which the sampler records the sampled tokens' log-probs (None: not needed)."""
@@ -327,6 +338,7 @@ class TeamTrainerBase(TeamUpdates, _BaseTrainer):
             self.control = handler.on_step_begin(self.args, self.state, self.control)
             rows = passes.next_batch()
             self._iteration_started = time.time()
+            self.phase_clock.reset()
             yield rows
 
     def _record(self, metrics: dict) -> dict:
@@ -334,6 +346,7 @@ class TeamTrainerBase(TeamUpdates, _BaseTrainer):
         throughput, learning rate); appended to the metrics history. Returns the metrics as logged."""
         args, state = self.args, self.state
         metrics["time/iteration_s"] = time.time() - self._iteration_started
+        metrics.update(self.phase_clock.metrics(metrics["time/iteration_s"], args.batch_size))
         metrics["train/nonfinite_steps_skipped"] = self.nonfinite_steps.take_iteration_count()
         state.episode += args.batch_size
         state.global_step += 1

@@ -13,7 +13,6 @@ import json
 import math
 import os
 import sys
-import warnings
 from dataclasses import dataclass, field, fields
 from typing import Annotated
 
@@ -21,7 +20,7 @@ from trl.trainer.base_config import _BaseConfig
 
 from ..team.names import check_agent_names
 from .ranges import ABOVE_0, ANY, AT_LEAST_0, AT_LEAST_1, UNIT, UNIT_OPEN_BOTTOM, check_numeric_fields
-from .supported_args import check_training_arguments
+from .supported_args import check_training_arguments, warn_if_bf16_is_emulated
 
 # The choices of the shared fields (each trainer's config adds its own).
 TEAM_CHOICES = {
@@ -495,7 +494,7 @@ class TeamConfig(_BaseConfig):
             from transformers.utils import is_torch_bf16_gpu_available
 
             self.bf16 = not self.use_cpu and is_torch_bf16_gpu_available()
-        self._warn_slow_cpu_bf16()
+        warn_if_bf16_is_emulated(self)
         if self.top_k == 0:  # TRL's configs and transformers' generate() switch top-k off with 0: same meaning here
             self.top_k = None
         # Before TrainingArguments' own checks, so every bad number gets a message naming its field.
@@ -504,23 +503,6 @@ class TeamConfig(_BaseConfig):
         check_training_arguments(self)
         super().__post_init__()
         self._validate()
-
-    def _warn_slow_cpu_bf16(self) -> None:
-        """bf16 on a CPU that only emulates it: one warning (bf16 stays on, as asked). Measured on a 2-core AVX2
-        machine: 59 s per MC iteration in bf16, 8.9 s in float32 (docs/models.md); native-bf16 CPUs say nothing."""
-        import torch
-
-        from ..hardware import cpu_description, cpu_has_native_bf16
-
-        on_cpu = self.use_cpu or not torch.cuda.is_available()
-        if self.bf16 and on_cpu and not cpu_has_native_bf16():
-            warnings.warn(
-                f"bf16=True on a CPU without native bf16 ({cpu_description()}): its bf16 matmuls are emulated, "
-                "about 6x slower than float32 (59 s vs 8.9 s per iteration measured in docs/models.md); set "
-                "bf16=False to train in float32.",
-                UserWarning,
-                stacklevel=3,
-            )
 
     def explicit_fields(self) -> frozenset | None:
         """The fields the user set (keyword or positional arguments; on a command line, the flags and YAML keys
