@@ -50,13 +50,14 @@ class _StaticCacheGenerate:
         self.inner = GenerateBackend(**kwargs)
         self.records_logprobs = self.inner.records_logprobs
 
-    def generate(self, model, *args, **kwargs):
+    def generate(self, request):
+        model = request.model
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         config = base.generation_config
         previous = config.cache_implementation
         config.cache_implementation = "static"
         try:
-            return self.inner.generate(model, *args, **kwargs)
+            return self.inner.generate(request)
         finally:
             config.cache_implementation = previous
 
@@ -87,6 +88,7 @@ def main():
 
     from trl_collm import MultiAgentPPOConfig, MultiAgentPPOTrainer
     from trl_collm.generation.backends import ContinuousBatchingBackend, GenerateBackend
+    from trl_collm.generation.sampler import BackendOptions
     from trl_collm.testing import tiny_model_dir
 
     cuda = torch.cuda.is_available()
@@ -112,13 +114,13 @@ def main():
         args=args, model=path, train_dataset=Dataset.from_dict({"prompt": rows}), reward_funcs=reward
     )
     team = trainer.team
-    backends = {"generate": GenerateBackend.from_config(args)}
+    backends = {"generate": GenerateBackend.from_config(BackendOptions.from_args(args))}
     for i, config in enumerate(a.cb_config):
         backends["continuous_batching" + (f"_{i}" if i else "")] = ContinuousBatchingBackend(json.loads(config))
     if a.vllm:
         from trl_collm.generation.vllm_backend import VLLMBackend
 
-        backends["vllm"] = VLLMBackend.from_config(args)
+        backends["vllm"] = VLLMBackend.from_config(BackendOptions.from_args(args))
     if a.static_cache:
         backends["generate_static_compiled"] = _StaticCacheGenerate(batch_size=max(a.batches), share_prefix=False)
     result = {

@@ -1,5 +1,6 @@
 """A 2-agent CC team of random-init ~0.5B models trained in bf16 for a few iterations on one GPU: plain, or under
-DeepSpeed ZeRO-3 with one process. Prints iteration time, generated tokens/s and peak GPU memory (one JSON line).
+DeepSpeed ZeRO-2 / ZeRO-3 with one process. Prints iteration time, generated tokens/s and peak GPU memory (one JSON
+line; peak resident CPU memory too). `bash benchmarks/gpu_zero.sh` runs the three modes one after the other.
 
     python benchmarks/gpu_team.py                                             # plain
     accelerate launch --num_processes 1 --config_file trl_collm/accelerate_configs/zero3.yaml benchmarks/gpu_team.py
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -49,6 +51,7 @@ def main():
 
     from trl_collm import MultiAgentPPOConfig, MultiAgentPPOTrainer
     from trl_collm.testing import tiny_model_dir
+    from trl_collm.trainers import distributed
 
     path = tiny_model_dir(f"{a.size}-qwen2", size=a.size)
     under_ds = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
@@ -95,7 +98,7 @@ def main():
     iteration_s = sorted(m["time/iteration_s"] for m in timed)[len(timed) // 2]
     tokens = a.batch * a.response_length * 2  # two agents, full-length answers
     result = dict(
-        mode="deepspeed-zero3" if under_ds else "plain",
+        mode=f"deepspeed-zero{distributed.zero_stage(trainer)}" if under_ds else "plain",
         size=a.size,
         params_per_agent=params_per_agent,
         gpu=torch.cuda.get_device_name(0) if cuda else "cpu",
@@ -107,6 +110,7 @@ def main():
         generated_tokens_per_s=round(tokens / iteration_s, 1),
         episodes_per_s=round(a.batch / iteration_s, 2),
         peak_gpu_mib=round(torch.cuda.max_memory_allocated() / 2**20) if cuda else None,
+        peak_rss_mib=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),  # Linux: KiB
         total_s=round(total, 1),
         final_score=history[-1]["objective/scores"],
         median_phase_s={k: round(sorted(v[1:] or v)[len(v[1:] or v) // 2], 3) for k, v in phases.items()},

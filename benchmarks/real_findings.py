@@ -15,7 +15,13 @@ plays the task's held-out rows (temperature 1, a fixed seed) and each reward lev
     python benchmarks/real_findings.py writing-summary --smoke       # 1 seed, 1 rate, 2 iterations, 8 tokens
 
 Resumable: each run writes OUT_DIR/<task>/<method>-seed<S>-lr<LR>-b<BUDGET>.json when it finishes (and the starting
-model's scores start.json); a later call skips what exists, so an interrupted sweep continues where it stopped.
+model's scores start.json); a later call skips what exists, so an interrupted sweep continues where it stopped. A run
+itself checkpoints every SAVE_EVERY iterations under RUNS_DIR and a killed run resumes from its last checkpoint
+(bitwise, as the trainers resume), so an interrupted run loses at most SAVE_EVERY iterations.
+
+Held-out plays are paired: the trained team and the starting model play the same posts at the same sampling seed, so
+the change of each play is measured against its own starting play (mean +- standard error over plays), beside the
+starting model's own re-sampling range (`--resample-seeds`).
 The table is built from whatever runs exist and says how many seeds and env steps each cell has against the target.
 Writes OUT_DIR/real_findings_<task>.json (the table) and PREFIX_<task>_curves.png; prints the table (Markdown).
 """
@@ -50,9 +56,9 @@ TASKS = {
         budget=128,  # env steps = episodes (1 turn); MC: 32 prompts x G = 4
         batch=8,  # episodes (PPO) or samples (MC) per iteration
         response_length=96,  # ~70 words: room for the detailed part's 60-120 window, the concise part must stop
-        eval_limit=None,  # all 9 held-out posts
-        eval_repeats=2,
-        lrs=(3e-4, 1e-3),
+        eval_limit=None,  # all 86 held-out posts, one play each: SE ~0.04-0.1 on a paired change of the return
+        eval_repeats=1,
+        lrs=(1e-3, 3e-3),  # 3e-3 learned MC about twice as fast as 1e-3 in the probe of issue 28 (and overshot)
         max_reward=3.0,
         describe="2 writers, 1 turn, level-gated reward (length, ratio, style)",
     ),
@@ -70,10 +76,27 @@ TASKS = {
     ),
 }
 SMOKE = dict(budget=8, batch=4, response_length=8, eval_limit=2, eval_repeats=1, seeds=(0,))
+RUNS_DIR = "outputs/real_findings"  # the runs' checkpoints (git-ignored); removed when a run has finished
+SAVE_EVERY = 4  # iterations between a run's checkpoints
+SHOWN_TEXTS = 3  # held-out texts kept per evaluation, with their word counts
 
 
-def settings(task: str, smoke: bool = False, budget: int | None = None, batch: int | None = None) -> dict:
+def settings(
+    task: str, smoke: bool = False, budget: int | None = None, batch: int | None = None, compute: str = "fp32"
+) -> dict:
+    """The task's run settings; `compute` "bf16" trains under bf16 autocast (float32 master weights and losses),
+    "auto" picks bf16 where this CPU has native bf16 (trl_collm.hardware), else float32."""
     s = dict(TASKS[task])
+    if compute == "auto":
+        import torch
+
+        from trl_collm.hardware import cpu_has_native_bf16
+
+        if torch.cuda.is_available():
+            compute = "bf16" if torch.cuda.is_bf16_supported() else "fp32"
+        else:
+            compute = "bf16" if cpu_has_native_bf16() else "fp32"
+    s["compute"] = compute
     if smoke:
         s.update(SMOKE, lrs=s["lrs"][:1])
     if budget is not None:
@@ -146,6 +169,7 @@ def summarize(task: str, per_episode: list[dict], max_reward: float) -> dict:
             style_pass=rate(lambda e: e["level3"] >= 0.8),
             words_mean=[sum(e["words"][i] for e in per_episode) / n for i in range(2)],
         )
+        out["concise_words"], out["detailed_words"] = out["words_mean"]
     else:
         out.update(
             definitions_pass=rate(lambda e: e["definitions"] >= 1.0),  # both aux and the entry point defined
@@ -172,11 +196,12 @@ def evaluate(task: str, s: dict, team, eval_seed: int = EVAL_SEED) -> dict:
     _, roll = rollout_team(None, rows, task=task, max_new_tokens=s["response_length"], seed=eval_seed, team=team)
     per_episode = writing_levels(roll) if task == "writing-summary" else code_levels(roll)
     out = summarize(task, per_episode, s["max_reward"])
+    out["plays"] = [dict(e, row=r["id"]) for e, r in zip(per_episode, rows)]  # for paired before/after changes
     out["seconds"], out["cpu_seconds"] = time.time() - t0, time.process_time() - c0
     out["eval_seed"] = eval_seed
     out["prompt_form"] = prompt_form(AutoTokenizer.from_pretrained(smollm2_135m_instruct()), roll)
     out["examples"] = [
-        {a: roll.turns[0][a].gen.texts[i] for a in roll.agent_names} for i in range(min(2, roll.num_episodes))
+        {a: roll.turns[0][a].gen.texts[i] for a in roll.agent_names} for i in range(min(SHOWN_TEXTS, roll.num_episodes))
     ]
     return out
 
@@ -189,7 +214,7 @@ def curves(history, args) -> tuple[list, list]:
     steps, curve, levels = 0, [], []
     for m in history:
         # MC counts its nodes; PPO plays batch episodes of objective/turns turns each
-        steps += m["mc/nodes"] if "mc/nodes" in m else args.per_device_train_batch_size * m["objective/turns"]
+        steps += round(m["mc/nodes"] if "mc/nodes" in m else args.per_device_train_batch_size * m["objective/turns"])
         curve.append((steps, m["objective/scores"]))
         levels.append({k: v for k, v in m.items() if k.startswith("rewards/")})
     return curve, levels
@@ -211,16 +236,20 @@ def _progress_callback(trainer, args, path, meta):
     return Progress()
 
 
-def make_trainer(task: str, method: str, seed: int, lr: float, s: dict):
-    """A method's trainer over a fresh LoRA team of the model (the adapters start as the identity)."""
+def make_trainer(task: str, method: str, seed: int, lr: float, s: dict, runs_dir: str | None = None):
+    """A method's trainer over a fresh LoRA team of the model (the adapters start as the identity); with `runs_dir`
+    it checkpoints every SAVE_EVERY iterations there (the last checkpoint kept)."""
+    import torch
     from peft import LoraConfig
 
     from trl_collm.tasks import get_task
 
     spec = get_task(task)
-    args, trainer_cls = method_config(
-        method, spec, s, lr, seed, f"/tmp/trl_collm_real_findings/{task}-{method}-{seed}-{lr:g}"
-    )
+    saving = dict(save_strategy="steps", save_steps=SAVE_EVERY, save_total_limit=1) if runs_dir else {}
+    saving["bf16"] = s.get("compute") == "bf16"  # autocast of rollout and update; the weights stay float32
+    saving["use_cpu"] = not torch.cuda.is_available()  # the same command on a GPU machine trains there
+    output_dir = runs_dir or f"/tmp/trl_collm_real_findings/{task}-{method}-{seed}-{lr:g}"
+    args, trainer_cls = method_config(method, spec, s, lr, seed, output_dir, **saving)
     trainer = trainer_cls(
         args=args,
         model=MODEL,
@@ -240,34 +269,51 @@ def evaluate_start(task: str, s: dict, eval_seed: int) -> dict:
     return dict(evaluate(task, s, trainer.team.eval(), eval_seed), played_as="untrained LoRA team")
 
 
-def run_one(task: str, method: str, seed: int, lr: float, s: dict, progress_path: str | None = None) -> dict:
+def run_one(
+    task: str, method: str, seed: int, lr: float, s: dict, progress_path: str | None = None, runs_dir: str | None = None
+) -> dict:
     """One training run in this process: the curve (env steps -> mean training return), per-level training
-    curves, and the trained team's held-out scores."""
+    curves, and the trained team's held-out scores. With `runs_dir` the run checkpoints there and, started again
+    after a kill, resumes from its last checkpoint; the folder is removed once the run's result exists."""
+    import shutil
+
     import torch
+    from transformers.trainer_utils import get_last_checkpoint
 
     torch.set_num_threads(1)
-    trainer, args = make_trainer(task, method, seed, lr, s)
+    trainer, args = make_trainer(task, method, seed, lr, s, runs_dir)
     meta = dict(task=task, method=method, seed=seed, lr=lr, budget=s["budget"], batch=s["batch"])
-    meta["response_length"] = s["response_length"]
+    meta["response_length"], meta["compute"] = s["response_length"], s.get("compute", "fp32")
     if progress_path:
         trainer.add_callback(_progress_callback(trainer, args, progress_path, meta))
+    checkpoint = get_last_checkpoint(runs_dir) if runs_dir and os.path.isdir(runs_dir) else None
     t0, c0 = time.time(), time.process_time()
-    trainer.train()
+    trainer.train(resume_from_checkpoint=checkpoint)
     seconds, cpu_seconds = time.time() - t0, time.process_time() - c0
     curve, levels = curves(trainer.metrics_history, args)
     team = trainer.team.eval()
     scores = evaluate(task, s, team)
+    trained_here = len(curve) - (_iterations_in(checkpoint) if checkpoint else 0)
+    if runs_dir:
+        shutil.rmtree(runs_dir, ignore_errors=True)
     return dict(
         meta,
         env_steps=curve[-1][0],
         curve=curve,
         level_curves=levels,
         eval=scores,
+        resumed_from=checkpoint and os.path.basename(checkpoint),
         seconds=seconds,
-        # CPU time is what a run costs whatever the machine's load (wall time on a shared machine is not)
+        # CPU time is what a run costs whatever the machine's load (wall time on a shared machine is not); per
+        # iteration over the iterations this process trained (a resumed run's earlier ones ran elsewhere)
         cpu_seconds=cpu_seconds,
-        iteration_cpu_seconds=cpu_seconds / max(1, len(curve)),
+        iteration_cpu_seconds=cpu_seconds / max(1, trained_here),
     )
+
+
+def _iterations_in(checkpoint: str) -> int:
+    """The iterations a checkpoint folder holds (transformers names it checkpoint-<global step>)."""
+    return int(os.path.basename(checkpoint).rsplit("-", 1)[-1])
 
 
 # ------------------------------------------------------------------------------------------- report
@@ -280,6 +326,8 @@ COLUMNS = {
         ("L1 length pass", "length_pass", 2),
         ("L2 ratio pass", "ratio_pass", 2),
         ("L3 style (mean of 1)", "style_mean", 2),
+        ("concise words", "concise_words", 0),
+        ("detailed words", "detailed_words", 0),
     ],
     "code-humaneval": [
         ("return (max 4)", "return_mean", 3),
@@ -295,7 +343,8 @@ COLUMNS = {
 
 def run_path(out_dir, task, method, seed, lr, s) -> str:
     """A run's file: the settings that change its numbers are in its name, so runs of other sizes never mix."""
-    name = f"{method}-seed{seed}-lr{lr:g}-b{s['budget']}-bs{s['batch']}-t{s['response_length']}.json"
+    dtype = "" if s.get("compute", "fp32") == "fp32" else f"-{s['compute']}"  # runs of another dtype never mix
+    name = f"{method}-seed{seed}-lr{lr:g}-b{s['budget']}-bs{s['batch']}-t{s['response_length']}{dtype}.json"
     return os.path.join(out_dir, task, name)
 
 
@@ -306,7 +355,9 @@ def partial_path(path) -> str:
 def start_path(out_dir, task, s, eval_seed: int = EVAL_SEED) -> str:
     """The starting model's held-out scores; at another sampling seed than the table's, a re-sample of them."""
     tail = "" if eval_seed == EVAL_SEED else f"-evalseed{eval_seed}"
-    return os.path.join(out_dir, task, f"start-t{s['response_length']}{tail}.json")
+    # The held-out plays' size is in the name: a start played on other rows would not pair with the runs
+    plays = f"-e{s['eval_limit'] or 'all'}x{s['eval_repeats']}"
+    return os.path.join(out_dir, task, f"start-t{s['response_length']}{plays}{tail}.json")
 
 
 def resample_line(out_dir, task, s) -> tuple[str, list]:
@@ -352,17 +403,74 @@ def choose_rates(runs, methods, sweep_seed) -> dict:
     return chosen
 
 
+def _mean_se(xs: list[float]) -> tuple[float, float]:
+    n = len(xs)
+    mean = sum(xs) / n
+    var = sum((x - mean) ** 2 for x in xs) / (n - 1) if n > 1 else 0.0
+    return mean, (var / n) ** 0.5
+
+
+def paired_change(after: dict, before: dict) -> dict | None:
+    """A trained team's held-out change against the starting model, play by play: both played the same rows at the
+    same sampling seed, so each play's difference removes the rows' own difficulty from the noise. None when the two
+    evaluations are not paired (other rows, another seed, or saved before per-play records existed)."""
+    a, b = after.get("plays"), before.get("plays")
+    if not a or not b or len(a) != len(b) or after.get("eval_seed") != before.get("eval_seed"):
+        return None
+    if [p["row"] for p in a] != [p["row"] for p in b]:
+        return None
+    ret, ret_se = _mean_se([x["total"] - y["total"] for x, y in zip(a, b)])
+    lv1, lv1_se = _mean_se([float(x["level1"] >= 1.0) - float(y["level1"] >= 1.0) for x, y in zip(a, b)])
+    return dict(
+        plays=len(a),
+        return_before=sum(y["total"] for y in b) / len(b),
+        return_after=sum(x["total"] for x in a) / len(a),
+        return_change=ret,
+        return_se=ret_se,
+        level1_before=sum(y["level1"] >= 1.0 for y in b) / len(b),
+        level1_after=sum(x["level1"] >= 1.0 for x in a) / len(a),
+        level1_change=lv1,
+        level1_se=lv1_se,
+    )
+
+
+def paired_lines(runs: list[dict], start: dict, resample_rows: list[dict]) -> list[str]:
+    """One line per trained run: its paired held-out change with its standard error, and whether it is beyond
+    noise: more than 2 SE from zero and larger than the starting model's own re-sampling range (when measured)."""
+    returns = [r["return_mean"] for r in resample_rows]
+    spread = max(returns) - min(returns) if len(returns) >= 2 else None
+    lines = []
+    for r in sorted(runs, key=lambda r: (r["method"], r["lr"], r["seed"])):
+        c = paired_change(r["eval"], start)
+        if c is None:
+            continue
+        beyond = abs(c["return_change"]) > 2 * c["return_se"] and (spread is None or abs(c["return_change"]) > spread)
+        noise = f"re-sampling range {spread:.3f}" if spread is not None else "re-sampling range not measured"
+        lines.append(
+            f"- {r['method'].upper()} seed {r['seed']} lr {r['lr']:g}, {r['env_steps']} env steps: return "
+            f"{c['return_before']:.3f} -> {c['return_after']:.3f} (paired {c['return_change']:+.3f} +- "
+            f"{c['return_se']:.3f} SE over {c['plays']} plays; {noise}: "
+            f"{'beyond noise' if beyond else 'NOT beyond noise'}); level 1 {100 * c['level1_before']:.0f}% -> "
+            f"{100 * c['level1_after']:.0f}% ({100 * c['level1_change']:+.0f} +- {100 * c['level1_se']:.0f} points)"
+        )
+    return lines
+
+
 def report(task, out_dir, png_prefix, s, sweep_seed) -> str:
     """The table (Markdown) from the runs saved so far, labelled with how complete each cell is; writes the JSON
     and the learning-curve figure."""
     path = start_path(out_dir, task, s)
     start = json.load(open(path)) if os.path.exists(path) else None
-    size = ("budget", "batch", "response_length")
-    runs = [r for r in load_runs(out_dir, task) if all(r[k] == s[k] for k in size)]
-    stopped = [r for r in load_runs(out_dir, task, unfinished=True) if all(r[k] == s[k] for k in size)]
+    size = ("budget", "batch", "response_length", "compute")
+
+    def same_size(r):
+        return all(r.get(k, "fp32" if k == "compute" else None) == s[k] for k in size)
+
+    runs = [r for r in load_runs(out_dir, task) if same_size(r)]
+    stopped = [r for r in load_runs(out_dir, task, unfinished=True) if same_size(r)]
     chosen = choose_rates(runs, s["methods"], sweep_seed)
     mine = [r for r in runs if r["lr"] == chosen.get(r["method"])]
-    lines = [f"## {task}: {s['describe']}", ""]
+    lines = [f"## {task}: {s['describe']}", "", f"training compute: {s['compute']} (held-out plays: float32)"]
     if start:
         played = start.get("played_as", "the model loaded as plain copies")
         lines.append(f"starting model ({played}): {start['prompt_form']} prompts, {start['episodes']} held-out plays")
@@ -395,6 +503,9 @@ def report(task, out_dir, png_prefix, s, sweep_seed) -> str:
     drift = training_drift(mine, s["methods"])
     if drift:
         lines += [drift, ""]
+    paired = paired_lines(runs, start, resample_rows) if start else []
+    if paired:
+        lines += ["held-out change against the starting model, play by play (every finished run):", *paired, ""]
     blob = dict(task=task, settings=s, start=start, chosen=chosen, runs=runs, stopped_early=stopped)
     blob["start_resampled"] = resample_rows
     if (mine or stopped) and start:
@@ -454,7 +565,7 @@ def plot_curves(runs, stopped, task, path, start_return, s):
 # ------------------------------------------------------------------------------------------- driver
 
 
-def child(task, what, seed, lr, s, out_dir):
+def child(task, what, seed, lr, s, out_dir, runs_root=RUNS_DIR):
     """Runs in its own process (one CPU thread): the starting model's evaluation or one training run."""
     import torch
 
@@ -465,7 +576,10 @@ def child(task, what, seed, lr, s, out_dir):
     else:
         path = run_path(out_dir, task, what, seed, lr, s)
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        row = run_one(task, what, seed, lr, s, progress_path=partial_path(path))
+        name = os.path.basename(path)[: -len(".json")]
+        row = run_one(
+            task, what, seed, lr, s, progress_path=partial_path(path), runs_dir=os.path.join(runs_root, task, name)
+        )
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path + ".tmp", "w") as f:
         json.dump(row, f)
@@ -490,6 +604,12 @@ def main():
         default=[],
         help=f"also play the starting model at these sampling seeds (the table's is {EVAL_SEED}): the held-out noise",
     )
+    p.add_argument(
+        "--compute",
+        default="auto",
+        choices=("auto", "fp32", "bf16"),
+        help="training dtype: auto = bf16 autocast where the CPU has native bf16 (float32 master weights), else fp32",
+    )
     p.add_argument("--jobs", type=int, default=1, help="runs at once (separate processes, one CPU thread each)")
     p.add_argument("--out-dir", default=None, help="default docs/data/real_findings (/tmp/real_findings_smoke)")
     p.add_argument("--png-prefix", default=None, help="default docs/real_findings")
@@ -499,7 +619,7 @@ def main():
     a = p.parse_args()
     if a.jobs < 1:
         p.error("--jobs must be at least 1")
-    s = settings(a.task, a.smoke, a.budget, a.batch)
+    s = settings(a.task, a.smoke, a.budget, a.batch, a.compute)
     for key in ("methods", "seeds", "lrs"):
         if getattr(a, key):
             s[key] = tuple(getattr(a, key))
@@ -509,7 +629,8 @@ def main():
     png_prefix = a.png_prefix or ("/tmp/real_findings_smoke" if a.smoke else "docs/real_findings")
     if a.child:
         what, seed, lr = a.child
-        child(a.task, what, int(seed), float(lr), s, out_dir)
+        runs_root = os.path.join(out_dir, "runs") if a.smoke else RUNS_DIR
+        child(a.task, what, int(seed), float(lr), s, out_dir, runs_root)
         return
 
     def launch(job):
@@ -519,6 +640,7 @@ def main():
             return
         cmd = [sys.executable, os.path.abspath(__file__), a.task, "--child", what, str(seed), repr(lr)]
         cmd += ["--out-dir", out_dir, "--budget", str(s["budget"]), "--batch", str(s["batch"])]
+        cmd += ["--compute", s["compute"]]
         cmd += ["--smoke"] if a.smoke else []
         # The run's output goes to a file, not a pipe to this driver: a run outlives a stopped driver (a pipe
         # with no reader kills the run at its next progress line, after an hour of training) and leaves its log.

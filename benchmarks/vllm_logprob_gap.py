@@ -31,7 +31,7 @@ def main():
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from trl_collm import algorithms as alg
-    from trl_collm.generation.sampler import SamplingSettings
+    from trl_collm.generation.sampler import GenerationRequest, SamplingSettings
     from trl_collm.generation.vllm_backend import VLLMBackend
     from trl_collm.team.modeling import left_pad
     from trl_collm.team.pretrained import smollm2_135m_instruct
@@ -46,7 +46,7 @@ def main():
     settings = SamplingSettings(max_new_tokens=a.tokens, temperature=a.temperature)
     backend = VLLMBackend()
     torch.manual_seed(0)
-    out = backend.generate(model, ids, mask, settings, pad_id=tok.pad_token_id)
+    out = backend.generate(GenerationRequest(model, ids, mask, settings, pad_id=tok.pad_token_id))
     backend.close()
     is_stop = out.tokens == tok.eos_token_id
     valid = (is_stop.long().cumsum(-1) - is_stop.long()) == 0

@@ -103,10 +103,11 @@ def evaluate(task_name, model, s, **kwargs) -> dict:
     )
 
 
-def method_config(method: str, task, s: dict, lr: float, seed: int, output_dir: str):
+def method_config(method: str, task, s: dict, lr: float, seed: int, output_dir: str, **extra):
     """(config, trainer class) of one method on an equal env-step budget (`s`: budget, batch, response_length): PPO
     (CC / DC: 1 epoch, no KL) or MC (G = 4, per_branch, so a T-turn prompt costs G x T env steps). Shared with
-    real_findings.py, so both tables train the methods the same way."""
+    real_findings.py, so both tables train the methods the same way; `extra` sets what does not change the learning
+    (checkpointing)."""
     from trl_collm import MultiAgentMCConfig, MultiAgentMCTrainer, MultiAgentPPOConfig, MultiAgentPPOTrainer
 
     turns = task.num_turns
@@ -126,6 +127,7 @@ def method_config(method: str, task, s: dict, lr: float, seed: int, output_dir: 
         seed=seed,
         disable_tqdm=True,
     )
+    common.update(extra)
     if method == "mc":
         group = 4
         return MultiAgentMCConfig(

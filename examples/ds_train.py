@@ -16,7 +16,8 @@ Writes <out>/metrics.json (rank 0): per iteration, every metric averaged over th
 rollout / scoring / update per iteration (`phases_s`); and the fingerprint
 (sum, abs-sum in float64) of each agent's trained parameters at the end, gathered from all ranks under ZeRO-3.
 Saves the team to <out>/team. --save-steps / --stop-after / --resume: checkpoints, a stopped run and its resume
-(tests/test_deepspeed.py); --inf-loss-iteration: a loss made infinite on rank 0 (the non-finite step guard).
+(tests/test_deepspeed.py); --inf-loss-iteration: a loss made infinite on rank 0 (the non-finite step guard);
+--record-roles: each process's ranks and main-process roles (tests/test_multinode.py).
 """
 
 from __future__ import annotations
@@ -191,6 +192,11 @@ def main():
         default=0,
         help="rank 0's losses of iteration N become +inf (finite gradients); records the weights around it",
     )
+    parser.add_argument(
+        "--record-roles",
+        action="store_true",
+        help="every process writes <out>/roles-<rank>.json: its ranks and whether it is a main process",
+    )
     cli = parser.parse_args()
 
     torch.set_num_threads(1)
@@ -278,6 +284,18 @@ def main():
         cProfile.runctx("trainer.train()", globals(), {"trainer": trainer}, cli.profile)
     else:
         trainer.train(resume_from_checkpoint=True if cli.resume else None)
+    if cli.record_roles:  # what multi-node changes: a main process per node, and one global main
+        roles = {
+            "rank": trainer.accelerator.process_index,
+            "local_rank": trainer.accelerator.local_process_index,
+            "node": int(os.environ.get("GROUP_RANK", os.environ.get("NODE_RANK", "0"))),
+            "is_local_main": trainer.is_local_process_zero(),
+            "is_world_main": trainer.is_world_process_zero(),
+            "should_save": trainer.args.should_save,  # writes checkpoints and the team, pushes to the Hub
+            "should_log": trainer.args.should_log,  # prints and reports metrics (log_on_each_node)
+        }
+        with open(os.path.join(cli.out, f"roles-{roles['rank']}.json"), "w") as f:
+            json.dump(roles, f)
     team_dir = os.path.join(cli.out, "team")
     trainer.save_model(team_dir)
     history = averaged_history(trainer)

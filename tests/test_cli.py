@@ -180,12 +180,12 @@ def test_team_json_records_generation_settings_and_eval_uses_them(trained, capsy
     gen = desc["generation"]
     # cc-cpu.yaml: response_length 2, temperature 1.0; the prompt limit is the tiny model's context minus the answer
     assert gen["response_length"] == 2 and gen["temperature"] == 1.0 and gen["top_p"] == 1.0
-    assert gen["max_prompt_length"] == {"player_1": 2048 - 2, "player_2": 2048 - 2}
+    assert desc["prompts"]["max_prompt_length"] == {"player_1": 2048 - 2, "player_2": 2048 - 2}
     seen = []
     real_play = inference.play
 
     def spy(team, env, rows, **kw):
-        seen.append(dict(kw, prompt_limits=dict(team.prompt_limits)))
+        seen.append(dict(kw, prompt_limits=dict(kw["prompts"].max_prompt_length)))
         return real_play(team, env, rows, **kw)
 
     monkeypatch.setattr(inference, "play", spy)
@@ -197,7 +197,7 @@ def test_team_json_records_generation_settings_and_eval_uses_them(trained, capsy
         (2, False, 1.0),
         (3, False, 0.5),
     ]
-    assert seen[0]["prompt_limits"] == gen["max_prompt_length"]
+    assert seen[0]["prompt_limits"] == desc["prompts"]["max_prompt_length"]
 
 
 def test_eval_samples_with_the_saved_top_p_top_k_and_stop_token(trained, tmp_path, monkeypatch):

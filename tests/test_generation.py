@@ -19,7 +19,7 @@ from datasets import Dataset
 from peft import LoraConfig
 
 from trl_collm.generation.backends import ContinuousBatchingBackend, GenerateBackend, make_backend
-from trl_collm.generation.sampler import SamplingSettings
+from trl_collm.generation.sampler import GenerationRequest, SamplingSettings
 
 from hang_guard import HANG_GUARD_S
 
@@ -140,7 +140,7 @@ def test_sampled_first_tokens_follow_the_sampling_distribution(tiny_lm):
     assert float((probs - wrong).abs().sum()) > 0.2  # the two distributions are far enough apart to tell
     torch.manual_seed(0)
     for backend in (GenerateBackend(batch_size=500), ContinuousBatchingBackend(CB_CONFIG)):
-        first = backend.generate(model, ids, mask, settings, pad_id=tok.pad_token_id).tokens[:, 0]
+        first = backend.generate(GenerationRequest(model, ids, mask, settings, pad_id=tok.pad_token_id)).tokens[:, 0]
         counts = torch.bincount(first, minlength=probs.numel())
         assert _chi_square_p(counts, probs) > 1e-3, backend.name
         assert _chi_square_p(counts, wrong) < 1e-6, backend.name
@@ -193,9 +193,11 @@ def test_continuous_batching_refuses_what_it_cannot_do(tiny_lm):
     # ZeRO-3 lockstep decoding (generate()'s synced_gpus=True) cannot be honoured; False is what it does anyway
     greedy = SamplingSettings(max_new_tokens=2, greedy=True)
     with pytest.raises(ValueError, match="lockstep"):
-        ContinuousBatchingBackend(CB_CONFIG).generate(model, ids, torch.ones_like(ids), greedy, pad_id=0, lockstep=True)
+        ContinuousBatchingBackend(CB_CONFIG).generate(
+            GenerationRequest(model, ids, torch.ones_like(ids), greedy, pad_id=0, lockstep=True)
+        )
     out = ContinuousBatchingBackend(CB_CONFIG).generate(
-        model, ids, torch.ones_like(ids), greedy, pad_id=0, lockstep=False
+        GenerationRequest(model, ids, torch.ones_like(ids), greedy, pad_id=0, lockstep=False)
     )
     assert out.tokens.shape == (1, 2) and out.logprobs is None
 
@@ -266,7 +268,9 @@ def test_continuous_batching_keeps_its_manager_between_calls(tiny_lm, monkeypatc
     pad = dict(pad_id=tok.pad_token_id)
 
     def call(backend, settings):
-        return backend.generate(model, short["input_ids"], short["attention_mask"], settings, **pad).tokens
+        return backend.generate(
+            GenerationRequest(model, short["input_ids"], short["attention_mask"], settings, **pad)
+        ).tokens
 
     greedy = SamplingSettings(max_new_tokens=4, greedy=True)
     first = call(backend, greedy)

@@ -10,6 +10,7 @@ from peft import LoraConfig, PeftModel
 from transformers import AutoModelForCausalLM
 
 from trl_collm import MultiAgentEnv, MultiAgentMCConfig, MultiAgentMCTrainer, RewardFunctionEnv, StepResult
+from trl_collm.generation.prompts import PromptSettings
 from trl_collm.generation.sampler import Generation
 from trl_collm.rollout import AgentTurn, SampleTree, run_cross, run_tree
 from trl_collm.testing import build_tokenizer
@@ -26,6 +27,7 @@ class ScriptedTeam:
         self.prompts_seen = []
         self.team = self
         self.tokenizers = dict.fromkeys(names)  # no chat templates: the runners pass the prompts as they are
+        self.prompts = PromptSettings()  # the runners read agent_context from the sampler
 
     def decode_observation(self, name, obs):
         return obs

@@ -91,11 +91,11 @@ def test_rates_chosen_on_the_sweep_seed_and_partial_cells_labelled(tmp_path):
         json.dump(start, f)
     text = real_findings.report("writing-summary", str(tmp_path), str(tmp_path / "fig"), s, 0)
     # completeness is against the target (3 seeds, 128 env steps, 2 rates), whatever this call ran
-    cc = "CC: lr 0.001 chosen of [0.0003, 0.001] (target [0.0003, 0.001]), 2/3 seeds, [16] env steps (target 128)"
+    cc = "CC: lr 0.001 chosen of [0.0003, 0.001] (target [0.001, 0.003]), 2/3 seeds, [16] env steps (target 128)"
     assert cc + " - PARTIAL" in text
     dc = "DC: no finished run - MISSING; unfinished (training curve so far, no held-out scores): seed 0 lr 0.001 at 8"
     assert dc in text
-    mc = "MC: lr 0.001 chosen of [0.001] (target [0.0003, 0.001]), 1/3 seeds, [8] env steps (target 128) - PARTIAL"
+    mc = "MC: lr 0.001 chosen of [0.001] (target [0.001, 0.003]), 1/3 seeds, [8] env steps (target 128) - PARTIAL"
     assert mc in text
     blob = json.loads((tmp_path / "real_findings_writing-summary.json").read_text())
     cc = next(r for r in blob["table"]["rows"] if r["method"] == "cc")
@@ -147,7 +147,7 @@ def test_resampled_starting_model_gives_the_held_out_noise_line(tmp_path):
     assert real_findings.resample_line(str(tmp_path), "writing-summary", s)[0] == ""
     save(1236, 0.5, 0.0)
     save(1235, 0.6, 1.0)
-    assert real_findings.start_path(str(tmp_path), "writing-summary", s, 1235).endswith("start-t96-evalseed1235.json")
+    assert real_findings.start_path(str(tmp_path), "writing-summary", s, 1235).endswith("start-t96-eallx1-evalseed1235.json")
     line, rows = real_findings.resample_line(str(tmp_path), "writing-summary", s)
     assert [r["eval_seed"] for r in rows] == [1234, 1235, 1236]
     assert line == (
@@ -169,3 +169,33 @@ def test_training_drift_compares_first_and_last_iterations_per_method():
     line = real_findings.training_drift(runs, ("cc", "dc", "mc"))
     assert line == "training return, first 2 -> last 2 iterations: CC 0.700 -> 0.800 (up in 1/2 runs)"
     assert real_findings.training_drift(runs[2:], ("mc",)) == ""
+
+
+def test_paired_change_is_measured_play_by_play_and_judged_against_the_noise():
+    def ev(totals, level1s, seed=1234, rows=("a", "b", "c", "d")):
+        plays = [dict(total=t, level1=v, row=r) for t, v, r in zip(totals, level1s, rows)]
+        return dict(plays=plays, eval_seed=seed, return_mean=sum(totals) / len(totals))
+
+    before = ev([0.5, 1.0, 0.0, 1.5], [0.5, 1.0, 0.0, 1.0])
+    after = ev([1.5, 2.0, 1.0, 2.5], [1.0, 1.0, 1.0, 1.0])  # every play +1.0: SE 0
+    c = real_findings.paired_change(after, before)
+    assert c["plays"] == 4 and c["return_change"] == pytest.approx(1.0) and c["return_se"] == pytest.approx(0.0)
+    assert c["level1_before"] == 0.5 and c["level1_after"] == 1.0 and c["level1_change"] == pytest.approx(0.5)
+    # diffs 1,0,1,0 of level-1 passes: mean 0.5, sample sd sqrt(1/3), SE sqrt(1/3)/2
+    assert c["level1_se"] == pytest.approx((1 / 3) ** 0.5 / 2)
+    mixed = ev([1.5, 0.0, 0.0, 1.5], [1.0, 0.0, 0.0, 1.0])  # diffs +1, -1, 0, 0: mean 0, SE sqrt(2/3)/2
+    m = real_findings.paired_change(mixed, before)
+    assert m["return_change"] == pytest.approx(0.0) and m["return_se"] == pytest.approx((2 / 3) ** 0.5 / 2)
+    # Not paired: another sampling seed, other rows, or no per-play records.
+    assert real_findings.paired_change(ev([1.0] * 4, [1.0] * 4, seed=7), before) is None
+    assert real_findings.paired_change(ev([1.0] * 4, [1.0] * 4, rows="wxyz"), before) is None
+    assert real_findings.paired_change(dict(return_mean=1.0), before) is None
+
+    run = dict(method="mc", seed=0, lr=3e-3, env_steps=128, eval=after)
+    wide = [dict(return_mean=0.7), dict(return_mean=1.9)]  # a re-sampling range of 1.2 > the +1.0 change
+    (line,) = real_findings.paired_lines([run], before, [dict(return_mean=0.7), dict(return_mean=0.8)])
+    assert "paired +1.000" in line and "beyond noise" in line and "NOT" not in line and "+50 +- 29 points" in line
+    (line,) = real_findings.paired_lines([run], before, wide)
+    assert "NOT beyond noise" in line
+    (line,) = real_findings.paired_lines([dict(run, eval=mixed)], before, [])
+    assert "NOT beyond noise" in line and "not measured" in line

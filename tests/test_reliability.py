@@ -22,6 +22,7 @@ from trl import TrlParser
 
 from trl_collm import MultiAgentMCConfig, MultiAgentPPOConfig
 from trl_collm.trainers import checkpoints
+from trl_collm.trainers.presets import plain
 
 from hang_guard import HANG_GUARD_S
 
@@ -38,7 +39,8 @@ MAGRPO_AT_DEFAULTS = dict(gamma=1.0, temperature=0.7, beta=0.0, top_p=1.0)
 
 
 def _defaults(cls, names):
-    return {f.name: f.default for f in cls.__dataclass_fields__.values() if f.name in names}
+    # a field a preset may fill holds its default wrapped (trainers/presets.py)
+    return {f.name: plain(f.default) for f in cls.__dataclass_fields__.values() if f.name in names}
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -231,3 +231,29 @@ def test_stop_token_masks_and_a_tokenizer_without_eos():
     assert gen.ended.tolist() == [True, True]
     with pytest.raises(ValueError, match=r"^agent 'a''s tokenizer has no eos_token; set `stop_token_id`"):
         sampler.with_settings(SamplingSettings(4))._finish("a", q, q, response)
+
+
+def test_backend_options_are_read_once_and_typed():
+    """`BackendOptions.from_args` is the one reading of a config's / namespace's backend fields: absent fields take
+    their defaults, the command line's JSON becomes a dict, and no backend reads `args` itself."""
+    import pathlib
+
+    from trl_collm.generation import backends
+    from trl_collm.generation.sampler import BackendOptions
+
+    ns = types.SimpleNamespace(
+        use_transformers_continuous_batching=True, transformers_continuous_batching_config='{"page_size": 16}'
+    )
+    options = BackendOptions.from_args(ns)
+    assert options.transformers_continuous_batching_config == {"page_size": 16}
+    assert (options.local_rollout_forward_batch_size, options.share_prompt_prefix, options.use_vllm) == (
+        None,
+        True,
+        False,
+    )
+    assert BackendOptions.from_args(None) == BackendOptions() and BackendOptions.from_args(options) is options
+    built = make_backend(ns)
+    assert isinstance(built, backends.ContinuousBatchingBackend) and built.config == {"page_size": 16}
+    folder = pathlib.Path(backends.__file__).parent
+    loose = [p.name for p in folder.glob("*.py") if "getattr(args" in p.read_text() and p.name != "sampler.py"]
+    assert loose == []  # sampler.py: SamplingSettings.from_config and BackendOptions.from_args, one each

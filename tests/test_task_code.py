@@ -152,10 +152,13 @@ def test_partial_tests(problems):
         "    return aux(number)\n"
     )
     s = score(row, aux, main)
-    assert (s.tests_passed, s.tests_total) == (2, 3)
-    assert s.levels["tests"] == pytest.approx(2.0 * 2 / 3) and s.levels["bonus"] == 0.5
+    # HumanEval/2 has 3 asserts: the first (3.5) is an example test, shown; the other two (1.33, 123.456) score.
+    assert [o.passed for o in s.shown] == [True] and [o.passed for o in s.scored] == [True, False]
+    assert (s.tests_passed, s.tests_total) == (1, 2)
+    assert s.levels["tests"] == pytest.approx(2.0 * 1 / 2) and s.levels["bonus"] == 0.5
     fb = feedback_text(s, row["entry_point"])
-    assert "Tests: 2/3 passed." in fb and "assert abs(truncate_number(123.456) - 0.456) < 1e-06  # got 0.0" in fb
+    assert "Example tests: 1/1 passed." in fb and "Hidden tests (they decide the score): 1/2 passed." in fb
+    assert "123.456" not in fb and "0.456" not in fb  # a scored test is never quoted
 
 
 def test_main_not_calling_aux_gets_no_bonus(problems):
@@ -233,7 +236,8 @@ def test_env_two_turns_with_feedback(problems):
     assert "def aux(x):" in o_aux and "return number" not in o_aux
     assert "return number" in o_main and "x - int(x)" not in o_main
     for o in (o_aux, o_main):
-        assert "Tests: 0/3 passed." in o and "assert truncate_number(3.5) == 0.5  # got 3.5" in o
+        assert "Example tests: 0/1 passed." in o and "assert truncate_number(3.5) == 0.5  # got 3.5" in o
+        assert "Hidden tests (they decide the score): 0/2 passed." in o and "1.33" not in o
         assert "does not call `aux`" in o
     main2 = "```python\ndef truncate_number(number: float) -> float:\n    r = aux(number)\n    return abs(r)\n```"
     r2 = env.step([aux, main2])
@@ -249,9 +253,10 @@ def test_env_ends_early_at_max_and_absolute_mode(problems):
     assert r.done and r.reward == MAX_SCORE and r.observations is None
     env = CodeEnv(reward_mode="absolute")
     env.reset(row)
-    env.step(["", "def truncate_number(number):\n    return 0.5\n"])
-    r = env.step(["", "def truncate_number(number):\n    return 0.5\n"])
-    assert r.done and r.reward == pytest.approx(0.5 + 0.5 + 2.0 / 3)
+    rounded = "def truncate_number(number):\n    return round(number % 1, 2)\n"  # right for 1.33, not 123.456
+    env.step(["", rounded])
+    r = env.step(["", rounded])
+    assert r.done and r.reward == pytest.approx(0.5 + 0.5 + 2.0 * 1 / 2)  # 1 of the 2 scored tests
 
 
 def test_oracle_team_end_to_end_batch(problems):

@@ -133,7 +133,7 @@ def test_long_prompts_are_cut_to_the_context_with_a_warning(tmp_path, qwen_path,
         train_dataset=dataset,
         reward_funcs=lambda prompts, completions, **k: [1.0] * len(prompts),
     )
-    assert trainer.team.prompt_limits == {"agent_0": 12, "agent_1": 12}
+    assert trainer.sampler.prompts.max_prompt_length == {"agent_0": 12, "agent_1": 12}
     # the critic is cut to its own context (2048 positions for the tiny model), not to max_prompt_length
     assert trainer.critic.units["central"].max_tokens == 2048
     with pytest.warns(UserWarning, match="keeping the last 12"):
@@ -152,7 +152,7 @@ def test_default_prompt_limit_leaves_room_for_the_response(tmp_path, qwen_path, 
         train_dataset=prompts_dataset,
         reward_funcs=lambda prompts, completions, **k: [1.0] * len(prompts),
     )
-    assert trainer.team.prompt_limits["agent_0"] == 2048 - 6
+    assert trainer.sampler.prompts.limit("agent_0") == 2048 - 6
 
 
 def test_model_init_kwargs_reach_from_pretrained(tmp_path, qwen_path, prompts_dataset, make_config):

@@ -22,7 +22,7 @@ except ImportError as e:  # pragma: no cover - depends on the venv
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
-from trl_collm.generation.sampler import SamplingSettings  # noqa: E402
+from trl_collm.generation.sampler import GenerationRequest, SamplingSettings  # noqa: E402
 from trl_collm.generation.vllm_backend import VLLMBackend  # noqa: E402
 from trl_collm.team.modeling import left_pad  # noqa: E402
 
@@ -79,7 +79,7 @@ GREEDY = SamplingSettings(max_new_tokens=NEW_TOKENS, greedy=True)
 def test_greedy_vllm_tokens_equal_generates(plain, prompts, tokenizer):
     model, backend = plain
     ids, mask = prompts
-    out = backend.generate(model, ids, mask, GREEDY, pad_id=tokenizer.pad_token_id)
+    out = backend.generate(GenerationRequest(model, ids, mask, GREEDY, pad_id=tokenizer.pad_token_id))
     assert out.logprobs is None  # PPO's old log-probs come from the trainer's forward
     assert out.engine_logprobs is None  # greedy: no sampling distribution to correct for
     _same_until_stop(out.tokens, _hf_greedy(model, ids, mask, GREEDY, tokenizer.pad_token_id), tokenizer.pad_token_id)
@@ -106,7 +106,7 @@ def test_sampled_first_tokens_follow_the_models_distribution(plain, prompts, tok
     n, temp, top_k = 2000, 0.8, 50
     settings = SamplingSettings(max_new_tokens=1, temperature=temp, top_k=top_k)
     torch.manual_seed(0)
-    out = backend.generate(model, ids[:1].expand(n, -1), mask[:1].expand(n, -1), settings, pad_id=0)
+    out = backend.generate(GenerationRequest(model, ids[:1].expand(n, -1), mask[:1].expand(n, -1), settings, pad_id=0))
     assert out.engine_logprobs is None  # top-k: vLLM's log-probs are of the truncated distribution, not comparable
     counts = torch.bincount(out.tokens[:, 0], minlength=model.config.vocab_size).double()
     with torch.no_grad():
@@ -133,7 +133,7 @@ def _logprob_gap(model, backend, ids, mask, tokenizer, temp: float = 0.7) -> flo
     """The largest |vLLM's - the model's own log softmax(logits / temp)| over sampled answer tokens."""
     settings = SamplingSettings(max_new_tokens=NEW_TOKENS, temperature=temp)
     torch.manual_seed(0)
-    out = backend.generate(model, ids, mask, settings, pad_id=tokenizer.pad_token_id)
+    out = backend.generate(GenerationRequest(model, ids, mask, settings, pad_id=tokenizer.pad_token_id))
     full = torch.cat([ids, out.tokens], 1)
     full_mask = torch.cat([mask, torch.ones_like(out.tokens)], 1)
     with torch.no_grad():
@@ -152,7 +152,7 @@ def test_after_an_optimizer_step_vllm_follows_the_new_weights(plain, prompts, to
     pad = tokenizer.pad_token_id
     before = _hf_greedy(model, ids, mask, GREEDY, pad)
     # the engine exists (and has synced) before the update, as in training
-    _same_until_stop(backend.generate(model, ids, mask, GREEDY, pad_id=pad).tokens, before, pad)
+    _same_until_stop(backend.generate(GenerationRequest(model, ids, mask, GREEDY, pad_id=pad)).tokens, before, pad)
     target = torch.tensor(tokenizer("Bananas are blue.<|im_end|>")["input_ids"])
     full = torch.cat([ids, target.expand(len(ids), -1)], dim=1)
     full_mask = torch.cat([mask, torch.ones(len(ids), len(target), dtype=mask.dtype)], dim=1)
@@ -167,10 +167,10 @@ def test_after_an_optimizer_step_vllm_follows_the_new_weights(plain, prompts, to
     model.eval()
     after = _hf_greedy(model, ids, mask, GREEDY, pad)
     assert not torch.equal(before, after), "the update did not change generate()'s answers; the test cannot tell"
-    stale = backend.generate(model, ids, mask, GREEDY, pad_id=pad).tokens
+    stale = backend.generate(GenerationRequest(model, ids, mask, GREEDY, pad_id=pad)).tokens
     _same_until_stop(stale, before, pad)  # no weights_changed(): the engine still holds the old weights
     backend.weights_changed()
-    synced = backend.generate(model, ids, mask, GREEDY, pad_id=pad).tokens
+    synced = backend.generate(GenerationRequest(model, ids, mask, GREEDY, pad_id=pad)).tokens
     _same_until_stop(synced, after, pad)
     # every weight arrived, the tied LM head too (vLLM's CPU build keeps a packed copy of it: 1.3e-2 when stale)
     assert _logprob_gap(model, backend, ids, mask, tokenizer) < 1e-3
@@ -203,7 +203,7 @@ def test_lora_rows_are_routed_to_their_agents_adapter_and_follow_updates(smollm2
     try:
         expected = {a: _peft_greedy(model, ids, mask, a, pad) for a in ("agent_0", "agent_1")}
         assert not torch.equal(expected["agent_0"], expected["agent_1"]), "adapters agree: routing is untestable"
-        out = backend.generate(model, ids, mask, GREEDY, pad_id=pad, adapter_names=names).tokens
+        out = backend.generate(GenerationRequest(model, ids, mask, GREEDY, pad_id=pad, adapter_names=names)).tokens
         for i, a in enumerate(names):
             _same_until_stop(out[i : i + 1], expected[a][i : i + 1], pad)
         # An update of agent_1's adapter reaches the engine after weights_changed()
@@ -214,7 +214,7 @@ def test_lora_rows_are_routed_to_their_agents_adapter_and_follow_updates(smollm2
         new = _peft_greedy(model, ids, mask, "agent_1", pad)
         assert not torch.equal(new, expected["agent_1"])
         backend.weights_changed()
-        out = backend.generate(model, ids, mask, GREEDY, pad_id=pad, adapter_names=names).tokens
+        out = backend.generate(GenerationRequest(model, ids, mask, GREEDY, pad_id=pad, adapter_names=names)).tokens
         for i, a in enumerate(names):
             _same_until_stop(out[i : i + 1], (new if a == "agent_1" else expected[a])[i : i + 1], pad)
     finally:

@@ -19,6 +19,10 @@ from pathlib import Path
 # The files ship with the package, next to the writing task.
 DATA_DIR = Path(__file__).resolve().parents[1] / "trl_collm" / "tasks" / "data"
 NUM_ROWS = 120  # per file; the task promises >= 100
+# Posts are drawn from a longer pool: the first NUM_ROWS as before (train rows unchanged), then only the pool's
+# held-out rows beyond them, so that an evaluation can resolve a change (9 held-out posts gave an SE of ~0.1 on the
+# return; 86 give ~0.04 at one play each).
+POST_POOL_ROWS = 720
 MIN_WORDS, MAX_WORDS = 80, 250
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -668,14 +672,14 @@ def _words(text: str) -> int:
     return len(re.findall(r"\w+", text))
 
 
-def generate(make_row, specs: dict, prefix: str, seed: int) -> list[dict]:
-    """NUM_ROWS unique rows, topics interleaved round-robin so any prefix of the file covers many topics."""
+def generate(make_row, specs: dict, prefix: str, seed: int, num_rows: int = NUM_ROWS) -> list[dict]:
+    """num_rows unique rows, topics interleaved round-robin so any prefix of the file covers many topics."""
     rng = random.Random(seed)
     rows, seen, names = [], set(), list(specs)
     attempts = 0
-    while len(rows) < NUM_ROWS:
+    while len(rows) < num_rows:
         attempts += 1
-        if attempts > 50 * NUM_ROWS:
+        if attempts > 50 * num_rows:
             raise RuntimeError("could not generate enough unique rows; add templates")
         topic = names[len(rows) % len(names)]
         row = make_row(rng, topic, specs[topic])
@@ -692,8 +696,16 @@ def write_jsonl(rows: list[dict], path: Path) -> None:
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
 
 
+def with_more_held_out(pool: list[dict]) -> list[dict]:
+    """The pool's first NUM_ROWS rows, then its later rows that the task's split holds out (never trained on)."""
+    from trl_collm.tasks.writing import _is_eval  # the task's own split: one definition of held out
+
+    return pool[:NUM_ROWS] + [row for row in pool[NUM_ROWS:] if _is_eval(row["document"])]
+
+
 def main() -> None:
-    write_jsonl(generate(_post, POST_TOPICS, "post", seed=1), DATA_DIR / "writing_posts.jsonl")
+    posts = generate(_post, POST_TOPICS, "post", seed=1, num_rows=POST_POOL_ROWS)
+    write_jsonl(with_more_held_out(posts), DATA_DIR / "writing_posts.jsonl")
     write_jsonl(generate(_abstract, FIELDS, "abstract", seed=2), DATA_DIR / "writing_abstracts.jsonl")
 
 

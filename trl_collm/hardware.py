@@ -53,14 +53,15 @@ def cpu_description() -> str:
 
 
 def matmul_gflops(dtype, n: int = 1024, seconds: float = 0.5) -> float:
-    """Measured GFLOP/s of an n x n matmul in ``dtype`` on the current torch threads (a roofline for benchmarks)."""
+    """Measured GFLOP per CPU-second of an n x n matmul in ``dtype`` (a roofline for benchmarks). CPU time, not
+    wall: on a shared machine it is what the cores do while this process holds them (on one thread, GFLOP/s)."""
     import torch
 
     a = torch.randn(n, n).to(dtype)
     b = torch.randn(n, n).to(dtype)
     a @ b  # warm-up: first call allocates and picks a kernel
-    runs, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
+    runs, start = 0, time.process_time()
+    while time.process_time() - start < seconds:
         a @ b
         runs += 1
-    return 2 * n**3 * runs / (time.perf_counter() - start) / 1e9
+    return 2 * n**3 * runs / (time.process_time() - start) / 1e9

@@ -2,8 +2,13 @@
 
 from trl_collm.inference import load_team, play, saved_settings
 team = load_team("outputs/quickstart")          # a folder written by save_model()
-settings = saved_settings("outputs/quickstart") # the sampling settings it was trained with (greedy decoding)
-episodes = play(team, env, rows, num_turns=1, settings=settings)   # transcripts and rewards
+episodes = play(team, env, rows, num_turns=1)   # transcripts and rewards, sampled and prompted as in training
+settings = saved_settings("outputs/quickstart", greedy=False)  # or: the training's sampling settings, sampled
+episodes = play(team, env, rows, num_turns=1, settings=settings)
+
+A loaded team keeps its team.json (`team.description`): `play` prompts it as training did (`PromptSettings`:
+agent_context, each agent's prompt limit, its chat template) and, unless `settings` says otherwise, decodes greedily
+with the recorded sampling settings.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import os
 import torch
 
 from .generation.backends import make_backend
+from .generation.prompts import PromptSettings
 from .generation.sampler import GenerationBackend, Sampler, SamplingSettings
 from .rollout import run_episodes
 from .team.agents import AgentTeam
@@ -32,6 +38,16 @@ def saved_settings(folder: str, greedy: bool = True, **overrides) -> SamplingSet
     return SamplingSettings.from_team_json(entry, greedy=greedy, **overrides)
 
 
+def saved_prompts(folder: str) -> PromptSettings:
+    """What shaped a saved team's prompts (agent_context, prompt limits, chat templates), as `team.json` records it
+    (an older team.json without the record: the observation alone, its recorded limits)."""
+    if not os.path.isdir(folder):
+        from huggingface_hub import snapshot_download
+
+        folder = snapshot_download(folder)
+    return PromptSettings.from_team_json(read_team_file(folder))
+
+
 @torch.no_grad()
 def play(
     team: AgentTeam,
@@ -41,14 +57,22 @@ def play(
     settings: SamplingSettings | None = None,
     device=None,
     backend: GenerationBackend | None = None,
+    prompts: PromptSettings | None = None,
 ) -> list[dict]:
-    """Episodes run decentralized; returns one transcript per row: per turn each agent's prompt, answer, reward.
+    """Episodes run decentralized; returns one transcript per row: per turn each agent's prompt (as text, and as the
+    token ids it was given, after its prompt limit), answer and reward.
 
-    `settings`: how to sample (`saved_settings(folder)` gives the training's; default: greedy, 64 new tokens).
-    `backend`: who samples (default: HF generate())."""
+    `settings`: how to sample (default: a loaded team's recorded settings, greedy; a team built in memory: greedy,
+    64 new tokens). `prompts`: what shapes each prompt (default: a loaded team's record; else `PromptSettings()`,
+    the observation alone, no limit). `backend`: who samples (default: HF generate())."""
     device = device or next(team.parameters()).device
-    settings = settings or SamplingSettings(max_new_tokens=64, greedy=True)
-    sampler = Sampler(team, backend or make_backend(), settings, device)
+    recorded = team.description
+    if settings is None:
+        gen = (recorded or {}).get("generation")
+        settings = SamplingSettings.from_team_json(gen, greedy=True) if gen else SamplingSettings(64, greedy=True)
+    if prompts is None:
+        prompts = PromptSettings.from_team_json(recorded) if recorded is not None else PromptSettings()
+    sampler = Sampler(team, backend or make_backend(), settings, device, prompts=prompts)
     with _eval_mode(team):
         roll = run_episodes(sampler, env, rows, num_turns)
     transcripts = []
@@ -63,13 +87,20 @@ def play(
                 {
                     "turn": t,
                     "reward": roll.rewards[e, t].tolist(),
-                    "agents": {
-                        a: {"prompt": turn[a].contexts[k], "completion": turn[a].gen.texts[k]} for a in team.names
-                    },
+                    "agents": {a: _agent_io(turn[a], k) for a in team.names},
                 }
             )
         transcripts.append({"episode": e, "return": roll.rewards[e].sum(0).tolist(), "turns": turns})
     return transcripts
+
+
+def _agent_io(turn, k: int) -> dict:
+    gen = turn.gen
+    return {
+        "prompt": turn.contexts[k],
+        "prompt_ids": gen.query_ids[k][gen.query_mask[k].bool()].tolist(),  # what the model read
+        "completion": gen.texts[k],
+    }
 
 
 @contextlib.contextmanager

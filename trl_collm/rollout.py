@@ -82,12 +82,14 @@ def _history_prompt(team, agent, observations, completions) -> str:
     return chat.history_context([decode(chat.agent_prompt(tok, o)) for o in observations], completions)
 
 
-def _play_turn(sampler, env, observations, episodes, histories, agent_context, t, turn_ids):
+def _play_turn(sampler, env, observations, episodes, histories, t, turn_ids):
     """One turn for the given running episodes: prompts -> one batched generation -> env step.
 
     Returns the turn's AgentTurn per agent (rows indexed by `turn_ids`), the step result, and the ended-turn flags
     (env done or, via the caller, early termination)."""
     names = sampler.team.names
+    # what the agent sees is the sampler's to say (PromptSettings), so every runner and entry point agrees
+    agent_context = sampler.prompts.agent_context
     prompts, contexts = _prompts_for(sampler.team, observations, episodes, histories, agent_context, t)
     gens = sampler(prompts)
     turn = {a: AgentTurn(a, t, turn_ids, prompts[a], contexts[a], gens[a]) for a in names}
@@ -119,7 +121,6 @@ def run_episodes(
     env: MultiAgentEnv,
     rows: list[dict],
     num_turns: int,
-    agent_context: str = "observation",
     early_termination_threshold: float | None = None,
 ) -> Rollout:
     names = sampler.team.names
@@ -135,7 +136,7 @@ def run_episodes(
         if not active:
             break
         ids = torch.tensor(active, dtype=torch.long)
-        turn, step = _play_turn(sampler, env, observations, active, histories, agent_context, t, ids)
+        turn, step = _play_turn(sampler, env, observations, active, histories, t, ids)
         turns.append(turn)
         rewards[ids, t] = step.rewards.float().cpu()
         turn_mask[ids, t] = True
@@ -196,7 +197,6 @@ def run_tree(
     num_turns: int,
     num_generations: int,
     expansion: str,
-    agent_context: str = "observation",
     early_termination_threshold: float | None = None,
 ) -> SampleTree:
     """G samples per agent per prompt, joint actions index-aligned; multi-turn by tree expansion (each node samples
@@ -215,9 +215,7 @@ def run_tree(
     for t in range(num_turns):
         if not episodes:
             break
-        turn, step = _play_turn(
-            sampler, env, observations, episodes, histories, agent_context, t, torch.arange(len(episodes))
-        )
+        turn, step = _play_turn(sampler, env, observations, episodes, histories, t, torch.arange(len(episodes)))
         tree.turns.append(turn)
         rewards = step.rewards.float().cpu()
         tree.rewards.append(rewards)

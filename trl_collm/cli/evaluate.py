@@ -205,6 +205,7 @@ def evaluate_team(argv: list[str], play_mode: bool = False):
     check_team_fits_task(task, env, rows[0], desc, opts_ns.team_dir, explicit_options=bool(opts))
 
     from ..generation.backends import make_backend
+    from ..generation.prompts import PromptSettings
     from ..generation.sampler import SamplingSettings
     from ..inference import load_team, play
 
@@ -216,10 +217,8 @@ def evaluate_team(argv: list[str], play_mode: bool = False):
         )
         team = load_team(opts_ns.team_dir, base_model=opts_ns.base_model, device=opts_ns.device)
         backend = make_backend(opts_ns)  # generate(), continuous batching or vLLM (trl_collm/generation/backends.py)
-    for a, limit in (gen.get("max_prompt_length") or {}).items():
-        if a in team.names:
-            team.prompt_limits[a] = limit
-    transcripts = play(team, env, rows, num_turns=num_turns, settings=settings, backend=backend)
+        prompts = PromptSettings.from_team_json(desc)  # agent_context, prompt limits, chat templates: the training's
+    transcripts = play(team, env, rows, num_turns=num_turns, settings=settings, backend=backend, prompts=prompts)
     returns = [sum(t["return"]) / len(t["return"]) for t in transcripts]
     mean = sum(returns) / len(returns)
     if play_mode:

@@ -27,7 +27,7 @@ import weakref
 import torch
 
 from ..team.modeling import base_model_of
-from .sampler import BACKENDS, GenerationBackend, Sampled, SamplingSettings, register_backend
+from .sampler import BACKENDS, BackendOptions, GenerationBackend, GenerationRequest, Sampled, register_backend
 
 # Generation-config settings that change the logits before a user's logits processor sees them (transformers runs
 # custom processors after these and before the sampling warpers: temperature, top-k, top-p). With any of them set, the
@@ -107,44 +107,33 @@ class GenerateBackend(GenerationBackend):
         self.share_prefix = share_prefix
 
     @classmethod
-    def from_config(cls, args) -> GenerateBackend:
-        return cls(getattr(args, "local_rollout_forward_batch_size", None), getattr(args, "share_prompt_prefix", True))
+    def from_config(cls, options: BackendOptions) -> GenerateBackend:
+        return cls(options.local_rollout_forward_batch_size, options.share_prompt_prefix)
 
-    def generate(
-        self,
-        model,
-        ids: torch.Tensor,
-        mask: torch.Tensor,
-        settings: SamplingSettings,
-        *,
-        pad_id: int,
-        adapter_names: list[str] | None = None,
-        use_adapter=None,
-        logprob_temperature: float | None = None,
-        lockstep: bool | None = None,
-    ) -> Sampled:
+    def generate(self, request: GenerationRequest) -> Sampled:
         from transformers import LogitsProcessorList
 
         from ..team.prefix import generate_with_prefix
 
-        gen_kwargs = settings.generate_kwargs(pad_id)
-        if lockstep is not None:
-            gen_kwargs["synced_gpus"] = lockstep
+        r = request
+        gen_kwargs = r.settings.generate_kwargs(r.pad_id)
+        if r.lockstep is not None:
+            gen_kwargs["synced_gpus"] = r.lockstep
         outs, logprobs = [], []
-        step = self.batch_size or ids.shape[0] or 1
-        for start in range(0, ids.shape[0], step):
+        step = self.batch_size or r.ids.shape[0] or 1
+        for start in range(0, r.ids.shape[0], step):
             kwargs = dict(gen_kwargs)
-            if adapter_names is not None:
-                kwargs["adapter_names"] = adapter_names[start : start + step]
-            recorder = SampledLogprobs(logprob_temperature) if logprob_temperature is not None else None
+            if r.adapter_names is not None:
+                kwargs["adapter_names"] = r.adapter_names[start : start + step]
+            recorder = SampledLogprobs(r.logprob_temperature) if r.logprob_temperature is not None else None
             if recorder is not None:
                 kwargs["logits_processor"] = LogitsProcessorList([recorder])
             rows = slice(start, start + step)
-            out = generate_with_prefix(model, ids[rows], mask[rows], kwargs, enabled=self.share_prefix)
-            outs.append(out[:, ids.shape[1] :])
+            out = generate_with_prefix(r.model, r.ids[rows], r.mask[rows], kwargs, enabled=self.share_prefix)
+            outs.append(out[:, r.ids.shape[1] :])
             if recorder is not None:
                 logprobs.append(recorder.finish(outs[-1]))
-        tokens = _right_pad_cat(outs, pad_id)
+        tokens = _right_pad_cat(outs, r.pad_id)
         return Sampled(tokens, _right_pad_cat(logprobs, 0.0) if logprobs else None)
 
 
@@ -174,13 +163,8 @@ class ContinuousBatchingBackend(GenerationBackend):
         _LIVE_BACKENDS.add(self)
 
     @classmethod
-    def from_config(cls, args) -> ContinuousBatchingBackend:
-        config = getattr(args, "transformers_continuous_batching_config", None)
-        if isinstance(config, str):  # from the command line
-            import json
-
-            config = json.loads(config)
-        return cls(config)
+    def from_config(cls, options: BackendOptions) -> ContinuousBatchingBackend:
+        return cls(options.transformers_continuous_batching_config)
 
     def close(self) -> None:
         """Stop and free the managers kept between calls."""
@@ -192,38 +176,27 @@ class ContinuousBatchingBackend(GenerationBackend):
         with contextlib.suppress(Exception):  # interpreter shutdown may have torn transformers down already
             self.close()
 
-    def generate(
-        self,
-        model,
-        ids: torch.Tensor,
-        mask: torch.Tensor,
-        settings: SamplingSettings,
-        *,
-        pad_id: int,
-        adapter_names: list[str] | None = None,
-        use_adapter=None,
-        logprob_temperature: float | None = None,
-        lockstep: bool | None = None,
-    ) -> Sampled:
-        self.refuse_lockstep(lockstep, "use_transformers_continuous_batching")
-        gen_kwargs = settings.generate_kwargs(pad_id)  # every key it writes is one generate_batch honours
-        prompts = [row[m.bool()].tolist() for row, m in zip(ids, mask)]
-        if adapter_names is None:
-            new = self._generate_batch(model, prompts, gen_kwargs)
+    def generate(self, request: GenerationRequest) -> Sampled:
+        r = request
+        self.refuse_lockstep(r.lockstep, "use_transformers_continuous_batching")
+        gen_kwargs = r.settings.generate_kwargs(r.pad_id)  # every key it writes is one generate_batch honours
+        prompts = r.prompts()
+        if r.adapter_names is None:
+            new = self._generate_batch(r.model, prompts, gen_kwargs)
         else:
             # One call per adapter: generate_batch runs one model state for all its requests.
             new = [None] * len(prompts)
-            for name in dict.fromkeys(adapter_names):
-                rows = [i for i, a in enumerate(adapter_names) if a == name]
-                with use_adapter(name) if use_adapter is not None else contextlib.nullcontext(model) as m:
+            for name in dict.fromkeys(r.adapter_names):
+                rows = [i for i, a in enumerate(r.adapter_names) if a == name]
+                with r.use_adapter(name) if r.use_adapter is not None else contextlib.nullcontext(r.model) as m:
                     batch = self._generate_batch(m, [prompts[i] for i in rows], gen_kwargs, adapter=name)
                     for i, tokens in zip(rows, batch):
                         new[i] = tokens
         width = max((len(t) for t in new), default=0)
-        out = torch.full((ids.shape[0], width), pad_id, dtype=ids.dtype, device=ids.device)
+        out = torch.full((r.ids.shape[0], width), r.pad_id, dtype=r.ids.dtype, device=r.ids.device)
         for i, tokens in enumerate(new):
             if tokens:
-                out[i, : len(tokens)] = torch.tensor(tokens, dtype=ids.dtype)
+                out[i, : len(tokens)] = torch.tensor(tokens, dtype=r.ids.dtype)
         return Sampled(out, None)
 
     def _generate_batch(
@@ -299,22 +272,23 @@ class ContinuousBatchingBackend(GenerationBackend):
 
 def backend_name(args) -> str:
     """The backend the arguments ask for, by TRL's field names (`use_vllm`, `use_transformers_continuous_batching`)."""
-    if getattr(args, "use_vllm", False):
+    options = BackendOptions.from_args(args)
+    if options.use_vllm:
         return "vllm"
-    if getattr(args, "use_transformers_continuous_batching", False):
+    if options.use_transformers_continuous_batching:
         return "continuous_batching"
     return "generate"
 
 
 def make_backend(args=None) -> GenerationBackend:
-    """Build the backend the trainer config or command-line namespace asks for (HF generate() by default;
-    the built-ins above are registered by the time this module is imported)."""
+    """Build the backend the trainer config, command-line namespace or `BackendOptions` asks for (HF generate() by
+    default; the built-ins above are registered by the time this module is imported)."""
     from . import vllm_backend  # noqa: F401  (registers "vllm"; the vllm package itself is imported by an engine)
 
     name = backend_name(args)
     if name not in BACKENDS:
         raise ValueError(f"generation backend {name!r} is not available (registered: {sorted(BACKENDS)}).")
-    return BACKENDS[name].from_config(args)
+    return BACKENDS[name].from_config(BackendOptions.from_args(args))
 
 
 _LIVE_BACKENDS: weakref.WeakSet = weakref.WeakSet()

@@ -24,6 +24,7 @@ import torch
 from .. import chat
 from ..team.agents import AgentTeam, Observation
 from ..team.modeling import left_pad, unpad_rows
+from .prompts import PromptSettings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,13 +119,75 @@ class Sampled(NamedTuple):
     engine_logprobs: torch.Tensor | None = None
 
 
+@dataclasses.dataclass(frozen=True)
+class GenerationRequest:
+    """One backend call (verl's shape: one request in, `Sampled` out): B left-padded prompts and how to answer them.
+
+    `ids`, `mask`: (B, Lq). `pad_id`: what finished rows are fed back with and the tokens are right-padded with.
+    `adapter_names`: for a LoRA team, the adapter of each row (`model` is then the shared PeftModel), with
+    `use_adapter(name)` a context manager yielding the model with that adapter active (for backends that run one
+    adapter at a time); None for a plain model. `logprob_temperature`: also return the sampled tokens' log-probs
+    under log softmax(logits / temperature) (honoured only when the backend `records_logprobs`). `lockstep`:
+    generate()'s `synced_gpus` (ZeRO-3 decoding in step with the other ranks; None: not distributed); a backend that
+    cannot decode in lockstep raises when it is True.
+    """
+
+    model: torch.nn.Module
+    ids: torch.Tensor
+    mask: torch.Tensor
+    settings: SamplingSettings
+    pad_id: int
+    adapter_names: list[str] | None = None
+    use_adapter: Callable | None = None
+    logprob_temperature: float | None = None
+    lockstep: bool | None = None
+
+    def prompts(self) -> list[list[int]]:
+        """The prompts without their padding, one token list per row (for engines that take token lists)."""
+        return [row[m.bool()].tolist() for row, m in zip(self.ids, self.mask)]
+
+
+@dataclasses.dataclass(frozen=True)
+class BackendOptions:
+    """What the built-in backends are configured with, typed: the trainer configs' fields of the same names (TRL's),
+    which a command-line namespace for eval / play may carry too. `from_args` is the one place that reads them."""
+
+    local_rollout_forward_batch_size: int | None = None  # generate(): rows per call (None: all at once)
+    share_prompt_prefix: bool = True  # generate(): the shared-prefix prefill
+    use_transformers_continuous_batching: bool = False
+    transformers_continuous_batching_config: dict | None = None  # a dict, or its JSON from the command line
+    use_vllm: bool = False
+    vllm_mode: str = "colocate"
+    vllm_gpu_memory_utilization: float = 0.3
+    vllm_max_model_length: int | None = None
+    vllm_enable_sleep_mode: bool = False
+    vllm_model_impl: str = "vllm"
+    vllm_importance_sampling_clip_min: float | None = None
+    vllm_importance_sampling_clip_max: float | None = None
+
+    def __post_init__(self):
+        config = self.transformers_continuous_batching_config
+        if isinstance(config, str):  # from the command line
+            import json
+
+            object.__setattr__(self, "transformers_continuous_batching_config", json.loads(config))
+
+    @classmethod
+    def from_args(cls, args=None) -> BackendOptions:
+        """The options a trainer config or a command-line namespace carries (None: the defaults; a field it lacks:
+        its default)."""
+        if args is None or isinstance(args, BackendOptions):
+            return args or cls()
+        return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)})
+
+
 class GenerationBackend(abc.ABC):
     """How a batch of left-padded prompts becomes sampled tokens: the contract every backend implements.
 
-    A backend is built once per run (`from_config`), called for every batch of prompts (`generate`), told after
-    every optimizer step that the weights moved (`weights_changed`) and closed at the end (`close`). The `Sampler`
-    turns its tokens into `Generation`s (stop-token masks, decoded texts), so every backend ends completions the
-    same way.
+    A backend is built once per run (`from_config`), called with one `GenerationRequest` for every batch of prompts
+    (`generate`, returning `Sampled`), told after every optimizer step that the weights moved (`weights_changed`)
+    and closed at the end (`close`). The `Sampler` turns its tokens into `Generation`s (stop-token masks, decoded
+    texts), so every backend ends completions the same way.
     """
 
     name: ClassVar[str] = ""  # the registry key (`register_backend`)
@@ -133,8 +196,8 @@ class GenerationBackend(abc.ABC):
     records_logprobs: ClassVar[bool] = False
 
     @classmethod
-    def from_config(cls, args) -> GenerationBackend:
-        """The backend for a trainer config or a command-line namespace (it reads its own fields)."""
+    def from_config(cls, options: BackendOptions) -> GenerationBackend:
+        """The backend for the run's options (`BackendOptions.from_args(config or namespace)`)."""
         return cls()
 
     @staticmethod
@@ -148,28 +211,8 @@ class GenerationBackend(abc.ABC):
             )
 
     @abc.abstractmethod
-    def generate(
-        self,
-        model,
-        ids: torch.Tensor,
-        mask: torch.Tensor,
-        settings: SamplingSettings,
-        *,
-        pad_id: int,
-        adapter_names: list[str] | None = None,
-        use_adapter=None,
-        logprob_temperature: float | None = None,
-        lockstep: bool | None = None,
-    ) -> Sampled:
-        """Sample one completion per row of the left-padded prompts (`ids`, `mask`: (B, Lq)) from `model`.
-
-        `adapter_names`: for a LoRA team, the adapter of each row (`model` is then the shared PeftModel), with
-        `use_adapter(name)` a context manager that yields the model with that adapter active (for backends that run
-        one adapter at a time); None for a plain model. `logprob_temperature`: return the log-probs of the sampled
-        tokens under log softmax(logits / temperature) (honoured only when `records_logprobs`). `lockstep`:
-        generate()'s `synced_gpus` (ZeRO-3 decoding in step with the other ranks; None: not distributed); a backend
-        that cannot decode in lockstep raises when it is True.
-        """
+    def generate(self, request: GenerationRequest) -> Sampled:
+        """Sample one completion per row of the request's left-padded prompts from `request.model`."""
 
     def weights_changed(self) -> None:
         """The model's weights were updated (called once the trainer's `global_step` has moved, before the next
@@ -221,7 +264,8 @@ class Sampler:
     routed to its agent's adapter. `unwrap`: a context-manager factory (model -> model) that gathers ZeRO-3 weights
     for the call, or None. `logprob_temperature`: ask the backend for the sampled tokens' log-probs at that
     temperature (PPO's old log-probs; None: not needed). `lockstep`: asked at each call for generate()'s
-    `synced_gpus` (ZeRO-3 gathering is set up when training starts), or None.
+    `synced_gpus` (ZeRO-3 gathering is set up when training starts), or None. `prompts`: what shapes each agent's
+    prompt (prompts.py): the runners read its `agent_context`, and every prompt is encoded here with its limit.
     """
 
     team: AgentTeam
@@ -231,6 +275,10 @@ class Sampler:
     unwrap: Callable | None = None
     logprob_temperature: float | None = None
     lockstep: Callable[[], bool | None] | None = None
+    prompts: PromptSettings = dataclasses.field(default_factory=PromptSettings)
+
+    def __post_init__(self):
+        self.prompts.check_team(self.team)  # recorded chat templates: the team's tokenizers must render the same
 
     def with_settings(self, settings: SamplingSettings) -> Sampler:
         """The same sampler with other settings (e.g. greedy decoding for evaluation)."""
@@ -242,7 +290,7 @@ class Sampler:
         team = self.team
         names = [n for n in team.names if observations.get(n)]
         if team.layout == "shared_base":
-            encoded = {n: team.encode(n, observations[n], self.device) for n in names}
+            encoded = {n: self._encode(n, observations[n]) for n in names}
             rows = [row for n in names for row in unpad_rows(*encoded[n])]
             ids, mask = left_pad(rows, team.pad_id(team.names[0]), self.device)
             adapters = [n for n in names for _ in range(len(observations[n]))]
@@ -259,10 +307,13 @@ class Sampler:
             return result
         result = {}
         for n in names:
-            ids, mask = team.encode(n, observations[n], self.device)
+            ids, mask = self._encode(n, observations[n])
             out = self._sample(team.policies[n], ids, mask, team.pad_id(n), n)
             result[n] = self._finish(n, ids, mask, out.tokens, out.logprobs, out.engine_logprobs)
         return result
+
+    def _encode(self, name: str, observations: list[Observation]):
+        return self.team.encode(name, observations, self.device, max_length=self.prompts.limit(name))
 
     def settings_for(self, name: str) -> SamplingSettings:
         """Agent `name`'s settings: the team's, with its own stop tokens when the settings name none and its chat
@@ -279,7 +330,7 @@ class Sampler:
         unwrap = self.unwrap or contextlib.nullcontext
         record = self.logprob_temperature if self.backend.records_logprobs else None
         with unwrap(model) as m:
-            return self.backend.generate(
+            request = GenerationRequest(
                 m,
                 ids,
                 mask,
@@ -290,6 +341,7 @@ class Sampler:
                 logprob_temperature=record,
                 lockstep=self.lockstep() if self.lockstep is not None else None,
             )
+            return self.backend.generate(request)
 
     def _finish(self, name, query_ids, query_mask, response_ids, logprobs=None, engine_logprobs=None) -> Generation:
         tok = self.team.tokenizers[name]

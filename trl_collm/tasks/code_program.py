@@ -3,7 +3,8 @@
 - ``extract_code``: the code of one completion (a fenced block, else the longest stretch that parses);
 - ``join_program``: the problem's own preamble + aux's code + main's code as one program, with each part's lines;
 - ``score_attempt``: that program scored level by level (``CodeScore``; the rules are in ``trl_collm/tasks/code.py``
-  and ``docs/tasks/code.md``), its tests run only in ``trl_collm.sandbox``.
+  and ``docs/tasks/code.md``), its tests run only in ``trl_collm.sandbox``; only the *scored* tests count, the
+  *shown* ones are for feedback (``code_tests.py``).
 
 ``trl_collm/tasks/code.py`` builds the task (prompts, feedback, the environment, the dataset) on these.
 """
@@ -15,7 +16,8 @@ import re
 import textwrap
 from dataclasses import dataclass, field
 
-from ..sandbox import TestReport, run_tests
+from ..sandbox import TestOutcome, TestReport, run_tests
+from .code_tests import TestSplit, split_shown_scored
 
 W_AUX_DEF, W_MAIN_DEF, W_SYNTAX, W_TESTS, W_BONUS = 0.5, 0.5, 0.5, 2.0, 0.5
 MAX_SCORE = W_AUX_DEF + W_MAIN_DEF + W_SYNTAX + W_TESTS + W_BONUS  # 4.0
@@ -226,7 +228,7 @@ class CodeScore:
     aux_defined: bool = False
     main_defined: bool = False
     parses: bool = False
-    tests_passed: int = 0
+    tests_passed: int = 0  # of the scored tests (the reward's); the shown ones are in ``shown``
     tests_total: int = 0
     calls_aux: bool = False
     thin_wrapper: bool = False
@@ -234,6 +236,9 @@ class CodeScore:
     program: JointProgram | None = None
     report: TestReport | None = None
     syntax_error: dict | None = None  # {"line", "message", "text", "part", "part_line"}
+    split: TestSplit | None = None  # which of the problem's tests are shown and which are scored
+    shown: list[TestOutcome] = field(default_factory=list)  # outcomes feedback may quote; they score nothing
+    scored: list[TestOutcome] = field(default_factory=list)  # outcomes that decide the tests level and the bonus
 
     @property
     def total(self) -> float:
@@ -323,8 +328,11 @@ def score_attempt(
         part, part_line = _locate(program, report.syntax_error.get("line"))
         s.syntax_error = dict(report.syntax_error, part=part, part_line=part_line)
         return s
-    s.tests_passed, s.tests_total = report.passed, report.total
-    s.levels["tests"] = W_TESTS * report.fraction
+    s.split = split_shown_scored(row["test"], entry)  # the same units, in the same order, as report.outcomes
+    s.shown = [report.outcomes[i] for i in s.split.shown]
+    s.scored = [report.outcomes[i] for i in s.split.scored]
+    s.tests_passed, s.tests_total = sum(o.passed for o in s.scored), len(s.scored)
+    s.levels["tests"] = W_TESTS * s.tests_passed / s.tests_total if s.tests_total else 0.0
     s.calls_aux, s.thin_wrapper = _collaboration(program.main_code, entry)
     if s.calls_aux and not s.thin_wrapper and s.aux_defined and s.tests_passed > 0:
         s.levels["bonus"] = W_BONUS

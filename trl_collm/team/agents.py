@@ -46,7 +46,7 @@ def adapter_parameters(peft_model: nn.Module, name: str) -> list[nn.Parameter]:
 
 class AgentTeam(nn.Module):
     """n agents. Either `policies` (name -> model, separate layout) or `shared_base` (a PeftModel whose adapters are
-    named after the agents) must be given.
+    named after the agents) must be given. `description`: the team.json it was loaded from (`load_team`).
     """
 
     def __init__(
@@ -57,6 +57,7 @@ class AgentTeam(nn.Module):
         shared_base: nn.Module | None = None,
         ref_policies: dict[str, nn.Module | None] | None = None,
         share_prefix: bool = True,
+        description: dict | None = None,
     ):
         super().__init__()
         if (policies is None) == (shared_base is None):
@@ -76,11 +77,12 @@ class AgentTeam(nn.Module):
             _set_adapter_keep_grads(shared_base, self.names[0], self.trainable_adapters())
         # Reference policies are frozen and kept outside the module tree, so optimizers and DeepSpeed never see them.
         self._refs = dict(ref_policies or {})
-        # Longest prompt per agent in tokens (set by the trainer); longer prompts keep their last tokens.
-        self.prompt_limits: dict[str, int | None] = {}
         self._pad_ids: dict[str, int] = {}
         # Compute the rows' common prompt prefix once in the team's forwards and its critics' (team/prefix.py).
         self.share_prefix = share_prefix
+        # The team.json a saved team was loaded from (load_team), None for a team built in memory: `play` reads the
+        # sampling and prompt settings it records, so a loaded team is played as it was trained.
+        self.description = description
 
     # ------------------------------------------------------------------ access
     def model_of(self, name: str) -> nn.Module:
@@ -122,7 +124,8 @@ class AgentTeam(nn.Module):
 
     # ------------------------------------------------------------------ tokens
     def encode(self, name: str, observations: list[Observation], device, max_length: int | None = None):
-        """Left-padded (ids, mask) for one agent. Observations may be text or token-id lists."""
+        """Left-padded (ids, mask) for one agent. Observations may be text or token-id lists; a prompt longer than
+        `max_length` tokens keeps its last ones (the sampler passes its PromptSettings' limit)."""
         tok = self.tokenizers[name]
         rows = []
         for obs in observations:
@@ -130,13 +133,7 @@ class AgentTeam(nn.Module):
                 ids = tok(obs, add_special_tokens=False)["input_ids"]
             else:
                 ids = list(obs)
-            rows.append(
-                truncate_left(
-                    ids,
-                    max_length if max_length is not None else self.prompt_limits.get(name),
-                    f"agent {name!r} prompt",
-                )
-            )
+            rows.append(truncate_left(ids, max_length, f"agent {name!r} prompt"))
         return left_pad(rows, self.pad_id(name), device)
 
     def pad_id(self, name: str) -> int:

@@ -61,7 +61,9 @@ def _sample_indices(n: int, k: int) -> torch.Tensor:
     return torch.arange(k, dtype=torch.int64) * (n - 1) // max(k - 1, 1)
 
 
-def _frozen_fingerprint(model: torch.nn.Module) -> str | None:
+def _frozen_fingerprint(model: torch.nn.Module, through: torch.dtype | None = None) -> str | None:
+    """``through``: round every sample to that dtype first (load_team's second look, for a base recorded in
+    float16: see ``check_loaded_base``)."""
     adapters = set(getattr(model, "peft_config", {}) or {})  # adapter weights are trained, not part of the base
     digest = hashlib.sha256()
     count = 0
@@ -72,7 +74,8 @@ def _frozen_fingerprint(model: torch.nn.Module) -> str | None:
             return None  # not materialized here (ZeRO-3 partitions at load): cannot fingerprint
         flat = p.detach().reshape(-1)
         idx = _sample_indices(flat.numel(), _SAMPLES_PER_TENSOR).to(flat.device)
-        values = flat[idx].to(torch.bfloat16).cpu().view(torch.int16)
+        values = flat[idx] if through is None else flat[idx].to(through)
+        values = values.to(torch.bfloat16).cpu().view(torch.int16)
         digest.update(f"{name}:{tuple(p.shape)}:".encode())
         digest.update(values.numpy().tobytes())
         count += 1
@@ -87,9 +90,11 @@ def describe_team(
     critic=None,
     generation: dict | None = None,
     base: dict | None = None,
+    prompts: dict | None = None,
 ) -> dict:
-    """The contents of team.json (`generation`: the sampling settings the team was trained with; `base`: what
-    each agent was built from, `base_identity`)."""
+    """The contents of team.json (`generation`: the sampling settings the team was trained with, `SamplingSettings`'
+    form; `prompts`: what shaped its prompts, `PromptSettings`' form; `base`: what each agent was built from,
+    `base_identity`)."""
     desc = {
         "format": FORMAT,
         "agents": team.names,
@@ -101,6 +106,8 @@ def describe_team(
     }
     if generation is not None:
         desc["generation"] = generation
+    if prompts is not None:
+        desc["prompts"] = prompts
     if team.layout == "shared_base":
         desc["base_model"] = getattr(team.shared_base.get_base_model().config, "_name_or_path", None)
     if base is not None:
@@ -282,13 +289,67 @@ def _check_one_save(folder: str, desc: dict, folders: dict) -> None:
             )
 
 
+def check_loaded_base(team: AgentTeam, desc: dict, team_file: str, adapter_agents: list[str]) -> None:
+    """Adapters run on the base they were trained on, or not at all: each LoRA agent's frozen weights, as loaded,
+    must have the fingerprint team.json records (`base_identity`). Without this, an edited `base_model` or a
+    `base_model=` override naming another base of the same shapes loads and generates without a word.
+
+    A base recorded in float16 fingerprints as its float16 values: when the plain fingerprint differs, the loaded
+    weights are also looked at through float16 before refusing. A base loaded in float16 cannot be compared with
+    one recorded at a higher precision, and a team saved before the record (or under ZeRO-3) has none: both load
+    with a warning that says so."""
+    import warnings
+
+    recorded = desc.get("base") or {}
+    unrecorded = [a for a in adapter_agents if not (recorded.get(a) or {}).get("frozen_fingerprint")]
+    if unrecorded:
+        warnings.warn(
+            f"{team_file!r} records no base fingerprint for agents {unrecorded} (saved before trl-collm recorded one, "
+            "or under ZeRO-3): their base cannot be checked; make sure it is the base the adapters were trained on.",
+            stacklevel=3,
+        )
+    for a in adapter_agents:
+        if a in unrecorded:
+            continue
+        then = recorded[a]["frozen_fingerprint"]
+        model = team.model_of(a)
+        now = _frozen_fingerprint(model)
+        if now is None or now == then or _frozen_fingerprint(model, through=torch.float16) == then:
+            continue
+        if any(p.dtype == torch.float16 for p in model.parameters()):
+            warnings.warn(
+                f"agent {a!r}'s base was loaded in float16, whose values cannot be compared with the fingerprint "
+                f"{team_file!r} records; load with dtype=torch.float32 (or bfloat16) to have it checked.",
+                stacklevel=3,
+            )
+            continue
+        inner = getattr(getattr(base_model_of(model), "config", None), "_name_or_path", None)
+        raise ValueError(
+            f"agent {a!r} of {team_file!r} was trained on base {(recorded.get(a) or {}).get('model')!r}, but the "
+            f"base loaded ({inner!r}) has other frozen weights (fingerprint {now}, recorded {then}): its adapters "
+            "would run on the wrong model. Pass base_model=<the base it was trained on> (or restore team.json)."
+        )
+
+
+def _adapter_base(folder: str) -> str | None:
+    """The base an agent folder's LoRA adapter names (None: the folder is a full model)."""
+    path = os.path.join(folder, "adapter_config.json")
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        return json.load(f).get("base_model_name_or_path") or None
+
+
 def load_team(
     folder: str, base_model: str | None = None, device: str | torch.device | None = None, dtype=None
 ) -> AgentTeam:
     """Rebuild the agents of a saved team (a local folder or a Hub repo id; full models or LoRA adapters on their
-    base) for decentralized inference.
+    base) for decentralized inference. The team keeps its team.json (`team.description`), whose sampling and prompt
+    settings `inference.play` plays it with.
 
-    `base_model` overrides the base recorded in team.json for LoRA teams (e.g. a local copy of the base).
+    `base_model` overrides the base recorded for LoRA agents (in team.json for a shared base, in each adapter's
+    `adapter_config.json` for separate ones; e.g. a local copy of the base). A base whose weights differ from the
+    ones the team was trained on is refused (`check_loaded_base`).
     """
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -324,10 +385,21 @@ def load_team(
         model = PeftModel.from_pretrained(base, folders[names[0]], adapter_name=names[0])
         for a in names[1:]:
             model.load_adapter(folders[a], adapter_name=a)
-        team = AgentTeam(names, tokenizers, shared_base=model)
+        team = AgentTeam(names, tokenizers, shared_base=model, description=desc)
+        adapter_agents = list(names)
     else:
-        policies = {a: AutoModelForCausalLM.from_pretrained(folders[a], dtype=dtype) for a in names}
-        team = AgentTeam(names, tokenizers, policies=policies)
+        policies, adapter_agents = {}, []
+        for a in names:
+            adapter = _adapter_base(folders[a])
+            if adapter is None:
+                policies[a] = AutoModelForCausalLM.from_pretrained(folders[a], dtype=dtype)
+                continue
+            # As the trainer built it (a PeftModel on its base): the same module names, so the same fingerprint.
+            base = AutoModelForCausalLM.from_pretrained(base_model or adapter, dtype=dtype)
+            policies[a] = PeftModel.from_pretrained(base, folders[a])
+            adapter_agents.append(a)
+        team = AgentTeam(names, tokenizers, policies=policies, description=desc)
+    check_loaded_base(team, desc, os.path.join(folder, TEAM_FILE), adapter_agents)
     team.requires_grad_(False)
     team.eval()
     if device is not None:

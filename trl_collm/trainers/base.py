@@ -19,6 +19,7 @@ from trl.trainer.utils import disable_dropout_in_model
 
 from ..envs.reward_functions import build_env
 from ..generation.backends import make_backend
+from ..generation.prompts import PromptSettings
 from ..generation.sampler import Sampler, SamplingSettings
 from ..numerics import NonFiniteSteps
 from ..rollout import Rollout, run_episodes
@@ -73,7 +74,6 @@ class TeamTrainerBase(TeamUpdates, _BaseTrainer):
         self.base_identity = saved.base_identity(team)
         critic = self.build_critic(team, value_model, args, peft_config, critic_processing_class)
         self.env = build_env(env, reward_funcs, reward_model, prompt_formatters, args, team)
-        _set_prompt_limits(team, args)
         self.reward_model = reward_model
         team_model = TeamModel(team, critic)
         for module in [team_model] + [r for r in team._refs.values() if r is not None]:
@@ -135,7 +135,8 @@ class TeamTrainerBase(TeamUpdates, _BaseTrainer):
     # ------------------------------------------------------------------ generation
     def build_sampler(self) -> Sampler:
         """The run's sampler: the team, the backend the arguments ask for (trl_collm/generation/sampler.py), the
-        config's sampling settings, and the DeepSpeed gathering and lockstep for generation."""
+        config's sampling and prompt settings (both saved in team.json), and the DeepSpeed gathering and lockstep for
+        generation; its calls are timed on the phase clock (trainers/console.py)."""
         return TimedSampler(
             self.team,
             make_backend(self.args),
@@ -144,6 +145,7 @@ class TeamTrainerBase(TeamUpdates, _BaseTrainer):
             unwrap=self._unwrap_for_generation(),
             logprob_temperature=self.sampler_logprob_temperature(),
             lockstep=lambda: distributed.generation_in_lockstep(self),
+            prompts=PromptSettings.from_config(self.args, self.team),
             clock=self.phase_clock,
         )
 
@@ -181,7 +183,6 @@ class TeamTrainerBase(TeamUpdates, _BaseTrainer):
                 self.env,
                 rows,
                 args.num_turns,
-                agent_context=args.agent_context,
                 early_termination_threshold=args.early_termination_threshold,
             )
         except RuntimeError as e:
@@ -324,7 +325,9 @@ class TeamTrainerBase(TeamUpdates, _BaseTrainer):
         self.state.global_step, self.state.episode = saved["global_step"], saved["episode"]
         self.state.log_history = saved["log_history"]
         self._metrics_history = list(saved["metrics_history"])
-        logger.info("resumed from %s at iteration %d", checkpoint, saved["global_step"])
+        if self.is_world_process_zero():  # warning level: seen without any logging set up, as a run's start is
+            step, episode = saved["global_step"], saved["episode"]
+            logger.warning("resumed from %s at step %d (episode %d)", checkpoint, step, episode)
         return saved
 
     def _batches(self):
@@ -486,18 +489,15 @@ class TeamTrainerBase(TeamUpdates, _BaseTrainer):
     def team_description(self) -> dict:
         """The saved team's team.json (see `trl_collm.team.saved`)."""
         args = self.args
-        # The sampling settings, so `trl-collm eval` / `play` (and the card) run the team as it was trained.
-        generation = dict(
-            self.sampler.settings.to_team_json(),
-            max_prompt_length={a: self.team.prompt_limits.get(a) for a in self.team.names},
-        )
+        # The sampling and prompt settings, so `trl-collm eval` / `play` (and the card) run the team as it was trained.
         desc = saved.describe_team(
             self.team,
             type(self).__name__,
             args.num_turns,
             args.preset,
             self.critic,
-            generation=generation,
+            generation=self.sampler.settings.to_team_json(),
+            prompts=self.sampler.prompts.to_team_json(),
             base=self.base_identity,
         )
         if self.task_record is not None:
@@ -579,17 +579,3 @@ def _chunked(fn, total: int, size: int) -> torch.Tensor:
         width = max(o.shape[-1] for o in outs)
         outs = [torch.nn.functional.pad(o, (0, width - o.shape[-1])) for o in outs]
     return torch.cat(outs, dim=0)
-
-
-def _set_prompt_limits(team, args) -> None:
-    """Prompts longer than a model's context would crash or silently wrap positions: cut them to fit (keeping the
-    end)."""
-    from ..team.modeling import max_positions
-
-    for a in team.names:
-        limits = [args.max_prompt_length]
-        context = max_positions(team.model_of(a))
-        if context is not None:
-            limits.append(context - args.response_length)
-        limits = [x for x in limits if x is not None]
-        team.prompt_limits[a] = max(1, min(limits)) if limits else None

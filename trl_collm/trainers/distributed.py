@@ -160,6 +160,9 @@ def prepare_model_and_optimizer(trainer) -> None:
     """`accelerator.prepare` the TeamModel and its optimizer into a DeepSpeed engine (the scheduler stays ours: it
     drives the same parameter-group dicts that the ZeRO optimizer steps, and `_step` steps it once per update)."""
     configure_deepspeed(trainer)
+    from .optimizer_state import remember_param_groups
+
+    remember_param_groups(trainer)  # the groups' parameters become ZeRO's flat partitions (checkpoints name them)
     engine, optimizer = trainer.accelerator.prepare(trainer.model, trainer.optimizer)
     trainer.model_wrapped = engine
     trainer.deepspeed = engine

@@ -197,7 +197,6 @@ class MultiAgentMCTrainer(TeamTrainerBase):
             args.num_turns,
             args.num_generations,
             args.expansion,
-            agent_context=args.agent_context,
             early_termination_threshold=args.early_termination_threshold,
         )
 

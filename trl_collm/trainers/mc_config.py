@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Annotated
 
+from .presets import PresetDefault, check_presettable
 from .ranges import ABOVE_0, AT_LEAST_0, AT_LEAST_1
 from .team_config import TeamConfig
 
@@ -93,9 +94,11 @@ class MultiAgentMCConfig(TeamConfig):
 
     presets = MC_PRESETS
 
-    learning_rate: Annotated[float, AT_LEAST_0] = field(default=5e-6, metadata={"help": "Learning rate of the agents."})
+    learning_rate: Annotated[float, AT_LEAST_0] = field(
+        default=PresetDefault(5e-6), metadata={"help": "Learning rate of the agents."}
+    )
     num_generations: Annotated[int, AT_LEAST_1] = field(
-        default=4, metadata={"help": "G: completions sampled per agent per prompt (per tree node)."}
+        default=PresetDefault(4), metadata={"help": "G: completions sampled per agent per prompt (per tree node)."}
     )
     joint_mode: str = field(
         default="aligned",
@@ -123,13 +126,14 @@ class MultiAgentMCConfig(TeamConfig):
         },
     )
     baseline: str = field(
-        default="mean", metadata={"help": "Group baseline: 'mean', 'loo' (leave-one-out mean), 'max' or 'none'."}
+        default=PresetDefault("mean"),
+        metadata={"help": "Group baseline: 'mean', 'loo' (leave-one-out mean), 'max' or 'none'."},
     )
     scale_advantages: bool = field(
-        default=False, metadata={"help": "Divide advantages by the group's std (GRPO-style)."}
+        default=PresetDefault(False), metadata={"help": "Divide advantages by the group's std (GRPO-style)."}
     )
     loss_type: str = field(
-        default="reinforce",
+        default=PresetDefault("reinforce"),
         metadata={
             "help": (
                 "'reinforce' (on-policy, -(sum of log-probs) * A, no ratio/clip) or 'clipped' (ratio surrogate "
@@ -138,17 +142,18 @@ class MultiAgentMCConfig(TeamConfig):
         },
     )
     num_iterations: Annotated[int, AT_LEAST_1] = field(
-        default=1, metadata={"help": "Inner iterations over each batch (loss_type='clipped')."}
+        default=PresetDefault(1), metadata={"help": "Inner iterations over each batch (loss_type='clipped')."}
     )
     epsilon: Annotated[float, ABOVE_0] = field(
         default=0.2, metadata={"help": "Clip range of the ratio (loss_type='clipped')."}
     )
     beta: Annotated[float, AT_LEAST_0] = field(
-        default=0.0, metadata={"help": "KL coefficient to the reference policy (0: no reference is kept)."}
+        default=PresetDefault(0.0),
+        metadata={"help": "KL coefficient to the reference policy (0: no reference is kept)."},
     )
     kl_estimator: str = field(default="k3", metadata={"help": "KL estimator for beta: 'k1' or 'k3'."})
     update_schedule: str = field(
-        default="joint",
+        default=PresetDefault("joint"),
         metadata={
             "help": (
                 "'joint': one optimizer step per minibatch for all agents; 'per_agent_turn': one step per "
@@ -179,3 +184,6 @@ class MultiAgentMCConfig(TeamConfig):
             raise ValueError(
                 "`loss_type='reinforce'` is on-policy (no ratio); set `num_iterations=1` or use loss_type='clipped'."
             )
+
+
+check_presettable(MultiAgentMCConfig, MC_PRESETS)

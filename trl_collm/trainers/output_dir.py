@@ -119,7 +119,27 @@ def claim_output_dir(trainer) -> OutputDirLock:
         if problem is not None:
             raise problem
         raise RuntimeError(f"another process of this run could not use output_dir {folder!r}; see its error.")
+    _check_shared(trainer, lock)
     return lock
+
+
+def _check_shared(trainer, lock: OutputDirLock) -> None:
+    """Checkpoints are one folder written by every process (DeepSpeed's shards, the main process's state and team):
+    on several nodes output_dir must be the same folder for all of them (a shared filesystem). A node whose
+    output_dir is its own local disk does not see the lock file the main process just wrote: refuse, on every
+    process together, before anything is trained (a per-node folder would fail at the first save, or leave
+    checkpoints no node can resume from)."""
+    if trainer.accelerator.num_processes <= 1 or trainer.args.save_strategy in ("no", None):
+        return
+    unseen = not os.path.isfile(lock.path)
+    if distributed.on_any_rank(trainer, unseen):  # after the main process wrote the lock (the previous all-reduce)
+        lock.release()
+        raise RuntimeError(
+            f"output_dir {trainer.args.output_dir!r} is not one folder for every process: "
+            f"{'this process' if unseen else 'a process on another node'} does not see the lock file the main "
+            "process wrote in it. Checkpoints need a folder all nodes mount (a shared filesystem); or set "
+            "save_strategy='no' and save the team with save_model() (the global main process writes it)."
+        )
 
 
 def _remove(path: str) -> None:

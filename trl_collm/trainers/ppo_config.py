@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Annotated
 
 from ..critics import check_critic_config, ignored_critic_fields
+from .presets import PresetDefault, check_presettable, plain
 from .ranges import ABOVE_0, AT_LEAST_0, AT_LEAST_1, UNIT
 from .team_config import TeamConfig
 
@@ -145,9 +146,11 @@ class MultiAgentPPOConfig(TeamConfig):
     ref_adapter_name: str | None = field(
         default=None, metadata={"help": "Name of the reference PEFT adapter, when using LoRA with multiple adapters."}
     )
-    num_ppo_epochs: Annotated[int, AT_LEAST_1] = field(default=4, metadata={"help": "Number of epochs to train."})
-    whiten_rewards: bool = field(default=False, metadata={"help": "Whether to whiten the rewards."})
-    kl_coef: Annotated[float, AT_LEAST_0] = field(default=0.05, metadata={"help": "KL coefficient."})
+    num_ppo_epochs: Annotated[int, AT_LEAST_1] = field(
+        default=PresetDefault(4), metadata={"help": "Number of epochs to train."}
+    )
+    whiten_rewards: bool = field(default=PresetDefault(False), metadata={"help": "Whether to whiten the rewards."})
+    kl_coef: Annotated[float, AT_LEAST_0] = field(default=PresetDefault(0.05), metadata={"help": "KL coefficient."})
     kl_estimator: str = field(
         default="k1",
         metadata={"help": "KL estimator: 'k1' (unbiased, high variance) or 'k3' (unbiased, lower variance)."},
@@ -155,11 +158,13 @@ class MultiAgentPPOConfig(TeamConfig):
     cliprange: Annotated[float | None, ABOVE_0] = field(
         default=0.2, metadata={"help": "Clip range (None: no clipping)."}
     )
-    vf_coef: Annotated[float, AT_LEAST_0] = field(default=0.1, metadata={"help": "Value function coefficient."})
-    cliprange_value: Annotated[float | None, ABOVE_0] = field(
-        default=0.2, metadata={"help": "Clip range for the value function (None: no clipping)."}
+    vf_coef: Annotated[float, AT_LEAST_0] = field(
+        default=PresetDefault(0.1), metadata={"help": "Value function coefficient."}
     )
-    lam: Annotated[float, UNIT] = field(default=0.95, metadata={"help": "Lambda value for GAE."})
+    cliprange_value: Annotated[float | None, ABOVE_0] = field(
+        default=PresetDefault(0.2), metadata={"help": "Clip range for the value function (None: no clipping)."}
+    )
+    lam: Annotated[float, UNIT] = field(default=PresetDefault(0.95), metadata={"help": "Lambda value for GAE."})
 
     # ------------------------------------------------------------------ the critic
     critic_type: str = field(
@@ -184,7 +189,7 @@ class MultiAgentPPOConfig(TeamConfig):
         },
     )
     centralized_value: str = field(
-        default="per_agent_heads",
+        default=PresetDefault("per_agent_heads"),
         metadata={
             "help": (
                 "Centralized critic output: 'team' (one value for the team, as the reference), "
@@ -212,7 +217,7 @@ class MultiAgentPPOConfig(TeamConfig):
         default=None, metadata={"help": "Learning rate of the critic parameters (default: learning_rate)."}
     )
     critic_updates: str = field(
-        default="joint",
+        default=PresetDefault("joint"),
         metadata={
             "help": (
                 "'joint': one optimizer step per minibatch for actors and critic together; 'per_agent': the "
@@ -222,12 +227,12 @@ class MultiAgentPPOConfig(TeamConfig):
         },
     )
     value_normalization: bool = field(
-        default=False, metadata={"help": "Train the critic on running-normalised returns."}
+        default=PresetDefault(False), metadata={"help": "Train the critic on running-normalised returns."}
     )
 
     # ------------------------------------------------------------------ the update rule
     advantage_level: str | None = field(
-        default=None,
+        default=PresetDefault(None),
         metadata={
             "help": (
                 "'turn': the completion is one action valued at the end of its prompt (paper); 'token': "
@@ -237,11 +242,11 @@ class MultiAgentPPOConfig(TeamConfig):
         },
     )
     advantage_norm_scope: str = field(
-        default="agent_turn",
+        default=PresetDefault("agent_turn"),
         metadata={"help": "Where advantages are whitened: 'agent_turn', 'agent', 'batch' or 'none'."},
     )
     advantage_norm_std_floor: Annotated[float | None, ABOVE_0] = field(
-        default=None,
+        default=PresetDefault(None),
         metadata={
             "help": (
                 "If set, advantages are divided by max(population std, floor) (reference) instead of sqrt(var + 1e-8)."
@@ -249,7 +254,8 @@ class MultiAgentPPOConfig(TeamConfig):
         },
     )
     policy_loss_type: str = field(
-        default="ppo", metadata={"help": "'ppo' (clipped ratio surrogate) or 'reinforce' (reference rule)."}
+        default=PresetDefault("ppo"),
+        metadata={"help": "'ppo' (clipped ratio surrogate) or 'reinforce' (reference rule)."},
     )
     preset: str | None = field(
         default=None,
@@ -263,10 +269,11 @@ class MultiAgentPPOConfig(TeamConfig):
 
     def preset_fields(self) -> dict:
         fields = super().preset_fields()
-        if self.reward_type == "per_agent" or self.advantage_level == "token":
+        # Read before the defaults are filled: advantage_level may still be its PresetDefault (None).
+        if self.reward_type == "per_agent" or plain(self.advantage_level) == "token":
             # One team value cannot credit per-agent rewards or value tokens: keep a value per agent there.
             fields.pop("centralized_value", None)
-        for name in ignored_critic_fields(self.critic_type):  # e.g. a DC critic reads no centralized_value
+        for name in ignored_critic_fields(plain(self.critic_type)):  # e.g. a DC critic reads no centralized_value
             fields.pop(name, None)
         return fields
 
@@ -296,3 +303,6 @@ class MultiAgentPPOConfig(TeamConfig):
                 "`policy_loss_type='reinforce'` is on-policy (no ratio); set `num_ppo_epochs=1` or use "
                 "`policy_loss_type='ppo'`."
             )
+
+
+check_presettable(MultiAgentPPOConfig, PRESETS)

@@ -13,6 +13,8 @@ import dataclasses
 import warnings
 from dataclasses import dataclass
 
+from .presets import plain
+
 HONOURED = "honoured"
 REJECTED = "rejected unless default"
 NOT_APPLICABLE = "not applicable"
@@ -280,7 +282,7 @@ def _is_default(value, default) -> bool:
 def field_default(config_cls, name: str):
     f = {f.name: f for f in dataclasses.fields(config_cls)}[name]
     if f.default is not dataclasses.MISSING:
-        return f.default
+        return plain(f.default)  # a field a preset may fill wraps its default (trainers/presets.py)
     if f.default_factory is not dataclasses.MISSING:
         return f.default_factory()
     return None

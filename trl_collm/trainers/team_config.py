@@ -8,17 +8,18 @@ DeepSpeed.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
 import sys
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Annotated
 
+from transformers.trainer_utils import SchedulerType
 from trl.trainer.base_config import _BaseConfig
 
 from ..team.names import check_agent_names
+from .presets import PresetDefault, fill_preset_defaults
 from .ranges import ABOVE_0, ANY, AT_LEAST_0, AT_LEAST_1, UNIT, UNIT_OPEN_BOTTOM, check_numeric_fields
 from .supported_args import check_training_arguments, warn_if_bf16_is_emulated
 
@@ -147,6 +148,14 @@ class TeamConfig(_BaseConfig):
             The optimizer, built by transformers' optimizer factory: 'adamw_torch', 'adamw_torch_fused', 'sgd',
             'adafactor', 'adagrad' or 'rmsprop'. The default keeps torch's plain AdamW, which these trainers always
             used (transformers 5 defaults to 'adamw_torch_fused', whose rounding differs).
+        max_grad_norm (`float`, *optional*, defaults to `1.0`):
+            Maximum gradient norm for gradient clipping (0 or None: off).
+        weight_decay (`float`, *optional*, defaults to `0.0`):
+            The optimizer's weight decay.
+        lr_scheduler_type (`str`, *optional*, defaults to `'linear'`):
+            The learning-rate schedule (transformers' `SchedulerType`).
+        warmup_steps (`float`, *optional*, defaults to `0`):
+            Linear warmup from 0 to `learning_rate`: steps, or a float in [0, 1) (a ratio).
         grad_clip_scope (`str`, *optional*, defaults to `'global'`):
             'global': one grad-norm clip over everything; 'per_module': each agent and critic clipped on its own.
         gradient_checkpointing (`bool`, *optional*, defaults to `None`):
@@ -200,7 +209,8 @@ class TeamConfig(_BaseConfig):
         metadata={"help": "Name of this experiment."},
     )
     learning_rate: Annotated[float, AT_LEAST_0] = field(
-        default=3e-6, metadata={"help": "Learning rate (actors; critics too unless `critic_learning_rate`)."}
+        default=PresetDefault(3e-6),
+        metadata={"help": "Learning rate (actors; critics too unless `critic_learning_rate`)."},
     )
     run_name: str | None = field(default=None, metadata={"help": "Name of the run."})
     dataset_num_proc: Annotated[int | None, AT_LEAST_1] = field(
@@ -233,9 +243,11 @@ class TeamConfig(_BaseConfig):
     stop_token_id: Annotated[int | None, AT_LEAST_0] = field(
         default=None, metadata={"help": "Specifies the ID of the stop token to use for text generation."}
     )
-    temperature: Annotated[float, ABOVE_0] = field(default=0.7, metadata={"help": "Sampling temperature."})
+    temperature: Annotated[float, ABOVE_0] = field(
+        default=PresetDefault(0.7), metadata={"help": "Sampling temperature."}
+    )
     missing_eos_penalty: Annotated[float | None, ANY] = field(
-        default=None,
+        default=PresetDefault(None),
         metadata={"help": "Penalty subtracted from the score of responses that do not end with the stop/EOS token."},
     )
     num_total_batches: Annotated[int | None, AT_LEAST_1] = field(
@@ -257,7 +269,7 @@ class TeamConfig(_BaseConfig):
         default=None, metadata={"help": "Mini batch size across GPUs (computed at runtime)."}
     )
     push_to_hub: bool = field(default=False, metadata={"help": "Whether to push the model to the Hub after training."})
-    gamma: Annotated[float, UNIT] = field(default=1.0, metadata={"help": "Discount factor."})
+    gamma: Annotated[float, UNIT] = field(default=PresetDefault(1.0), metadata={"help": "Discount factor."})
     ds3_gather_for_generation: bool = field(
         default=True,
         metadata={
@@ -399,13 +411,13 @@ class TeamConfig(_BaseConfig):
         },
     )
     top_p: Annotated[float, UNIT_OPEN_BOTTOM] = field(
-        default=1.0, metadata={"help": "Nucleus sampling for generation."}
+        default=PresetDefault(1.0), metadata={"help": "Nucleus sampling for generation."}
     )
     top_k: Annotated[int | None, AT_LEAST_1] = field(
-        default=None, metadata={"help": "Top-k sampling for generation (None or 0: off)."}
+        default=PresetDefault(None), metadata={"help": "Top-k sampling for generation (None or 0: off)."}
     )
     scale_logits_by_temperature: bool = field(
-        default=True,
+        default=PresetDefault(True),
         metadata={"help": "Compute log-probs from logits / temperature (TRL PPO) or from raw logits (reference code)."},
     )
     reward_weights: list[float] | None = field(
@@ -435,8 +447,20 @@ class TeamConfig(_BaseConfig):
             )
         },
     )
+    # TrainingArguments' fields a preset sets, re-declared only so that their defaults are PresetDefaults.
+    max_grad_norm: float = field(
+        default=PresetDefault(1.0), metadata={"help": "Maximum gradient norm for gradient clipping (0 or None: off)."}
+    )
+    weight_decay: float = field(default=PresetDefault(0.0), metadata={"help": "The optimizer's weight decay."})
+    lr_scheduler_type: SchedulerType | str = field(
+        default=PresetDefault("linear"), metadata={"help": "The learning-rate schedule (transformers' SchedulerType)."}
+    )
+    warmup_steps: float = field(
+        default=PresetDefault(0),
+        metadata={"help": "Linear warmup from 0 to `learning_rate`: steps, or a float in [0, 1) (a ratio)."},
+    )
     grad_clip_scope: str = field(
-        default="global",
+        default=PresetDefault("global"),
         metadata={
             "help": (
                 "'global': one grad-norm clip over everything; 'per_module': each agent and critic clipped on its own."
@@ -468,26 +492,16 @@ class TeamConfig(_BaseConfig):
         },
     )
 
-    def __new__(cls, *args, **kwargs):
-        # Record which fields the caller set, before __init__ assigns them all: a preset must fill only the others,
-        # whatever value (the default's included) the user chose.
-        self = super().__new__(cls)
-        self._explicit_fields = _explicit_fields(cls, args, kwargs)
-        return self
-
     def __post_init__(self):
         if isinstance(self.model_init_kwargs, str):
             self.model_init_kwargs = json.loads(self.model_init_kwargs)
-        if self.preset is not None:
-            if self.preset not in self.presets:
-                raise ValueError(
-                    f"`preset`={self.preset!r} is unknown; choose one of {sorted(self.presets)} or leave it unset."
-                )
-            # A preset fills the fields the user did not set; anything set explicitly wins, even to its default.
-            explicit = getattr(self, "_explicit_fields", None)
-            for key, value in self.preset_fields().items():
-                if explicit is not None and key not in explicit:
-                    setattr(self, key, value)
+        if self.preset is not None and self.preset not in self.presets:
+            raise ValueError(
+                f"`preset`={self.preset!r} is unknown; choose one of {sorted(self.presets)} or leave it unset."
+            )
+        # First of all: a field the caller did not set still holds its PresetDefault (trainers/presets.py), which
+        # the preset's value or the plain default replaces; anything set explicitly wins, even to its default.
+        fill_preset_defaults(self, self.preset_fields() if self.preset is not None else {})
         # bf16 left unset (TRL would turn it on): on only where a bf16 GPU can run it, so the same script also runs
         # on a CPU-only machine (transformers refuses bf16 there unless use_cpu=True, and CPU training stays fp32).
         if self.bf16 is None and not self.fp16:
@@ -504,13 +518,8 @@ class TeamConfig(_BaseConfig):
         super().__post_init__()
         self._validate()
 
-    def explicit_fields(self) -> frozenset | None:
-        """The fields the user set (keyword or positional arguments; on a command line, the flags and YAML keys
-        given), or None when that cannot be known (every field passed, as by `dataclasses.replace`)."""
-        return self._explicit_fields
-
     def preset_fields(self) -> dict:
-        """The fields `preset` fills (those still at their defaults)."""
+        """The values `preset` gives the fields the caller left at their defaults (read before they are filled)."""
         return dict(self.presets[self.preset])
 
     def resolve_for_team(self, num_agents: int) -> None:
@@ -546,41 +555,3 @@ class TeamConfig(_BaseConfig):
             check_vllm_fields(self)
         if self.reward_weights is not None and any(not math.isfinite(w) for w in self.reward_weights):
             raise ValueError(f"`reward_weights` must be finite numbers, got {self.reward_weights}.")
-
-
-def _explicit_fields(cls, args: tuple, kwargs: dict) -> frozenset | None:
-    """The init fields a constructor call sets. HfArgumentParser / TrlParser pass every field, so a call from one
-    is read from the parser instead: the flags on its command line and the keys of its YAML config."""
-    names = [f.name for f in fields(cls) if f.init]
-    given = set(names[: len(args)]) | set(kwargs)
-    if given < set(names):
-        return frozenset(given)
-    from_parser = _fields_given_to_parser(sys._getframe(2))
-    if from_parser is not None:
-        return frozenset(from_parser & given)
-    return None  # every field passed by a caller that is not a parser (a copy of a config): all count as set
-
-
-def _fields_given_to_parser(frame) -> set | None:
-    """When `frame` (the constructor's caller) is HfArgumentParser.parse_args_into_dataclasses: the argument dests
-    its command line sets, the keys of a TrlParser YAML config, and any default a config replaced; else None."""
-    parser = frame.f_locals.get("self") if frame.f_code.co_name == "parse_args_into_dataclasses" else None
-    # transformers' HfArgumentParser or TRL's own copy of it (trl.scripts._hf_argparser): both are argparse parsers
-    if not isinstance(parser, argparse.ArgumentParser) or not hasattr(parser, "dataclass_types"):
-        return None
-    argv = frame.f_locals.get("args")
-    argv = sys.argv[1:] if argv is None else list(argv)
-    # argparse fills a default only where the namespace lacks the attribute: what still holds the marker was not given
-    marker = object()
-    namespace = argparse.Namespace(**{a.dest: marker for a in parser._actions if a.dest != argparse.SUPPRESS})
-    namespace, _ = parser.parse_known_args(argv, namespace=namespace)
-    given = {k for k, v in vars(namespace).items() if v is not marker}
-    caller = frame.f_back
-    if caller is not None and caller.f_code.co_name == "parse_args_and_config":
-        config = caller.f_locals.get("config")  # TrlParser's YAML mapping (its `env` key already popped)
-        if isinstance(config, dict):
-            given |= set(config)
-    # a default some other code replaced (set_defaults): a new object, unlike the dataclass default it started as
-    defaults = {f.name: f.default for c in parser.dataclass_types for f in fields(c)}
-    given |= {a.dest for a in parser._actions if a.dest in defaults and a.default is not defaults[a.dest]}
-    return given
