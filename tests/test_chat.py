@@ -301,3 +301,18 @@ def test_conversational_dataset_trains_a_lora_team_through_mc(tmp_path, smollm2_
     tr.env.step_batch = spy
     assert tr.train().global_step == 1
     assert seen and all(IM_END not in t for t in seen)
+
+
+def test_the_chat_page_snippet_runs_as_written(tmp_path, monkeypatch, smollm2_name):
+    """docs/chat.md's first snippet, executed unchanged (in a scratch folder: it writes outputs/chat)."""
+    import re
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "chat.md").read_text()
+    snippet = re.search(r"```python\n(.*?)```", page, re.DOTALL).group(1)
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    exec(compile(snippet, "docs/chat.md", "exec"), namespace)
+    trainer = namespace["trainer"]
+    assert trainer.state.global_step == 1 and trainer.team.names == ["alice", "bob"]
+    assert 0.0 <= trainer.metrics_history[-1]["objective/scores"] <= 1.0
