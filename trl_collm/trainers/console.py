@@ -84,6 +84,11 @@ class TimedSampler(Sampler):
         return out
 
 
+def is_wall_clock(key: str) -> bool:
+    """A metric that measures time (it differs between two runs of the same seed): what run comparisons skip."""
+    return key == "eps" or key.startswith(("time/", "throughput/"))
+
+
 def _duration(seconds: float) -> str:
     seconds = int(round(seconds))
     if seconds < 60:
