@@ -22,6 +22,8 @@ def test_the_console_line_shows_progress_eta_and_a_few_keys_as_numbers():
     assert (
         console_line({"eval_objective/scores": 1.0}, 1, 2, 0.0, 1) == "iteration 1/2 (50%) | eval_objective/scores 1.0"
     )
+    # disable_tqdm=True: the numbers only
+    assert console_line(logs, 4, 10, 8.0, 0, progress=False).startswith("objective/scores 0.1235 | ")
 
 
 def test_phase_clock_splits_an_iteration_and_counts_tokens():
@@ -45,7 +47,9 @@ def test_training_logs_throughput_and_prints_one_line_per_iteration(tmp_path, ma
 
     from trl_collm import MultiAgentPPOTrainer
 
-    args = make_config(tmp_path, agent_names=["alice", "bob"], per_device_train_batch_size=2, total_episodes=4)
+    args = make_config(
+        tmp_path, agent_names=["alice", "bob"], per_device_train_batch_size=2, total_episodes=4, disable_tqdm=False
+    )
     trainer = MultiAgentPPOTrainer(
         args=args,
         model=qwen_path,

@@ -102,12 +102,14 @@ def _number(value) -> float | int:
     return value if isinstance(value, int) else float(f"{value:.4g}")
 
 
-def console_line(logs: dict, step: int, max_steps: int, elapsed: float, started_at_step: int) -> str:
+def console_line(
+    logs: dict, step: int, max_steps: int, elapsed: float, started_at_step: int, progress: bool = True
+) -> str:
     """The line printed for one log: progress and ETA (from this run's own pace: a resumed run counts from its
-    restart), then the console keys present in `logs`."""
+    restart; left out with `progress=False`, i.e. disable_tqdm=True), then the console keys present in `logs`."""
     done = max(step - started_at_step, 0)
-    parts = [f"iteration {step}/{max_steps} ({100 * step // max(max_steps, 1)}%)"]
-    if done:
+    parts = [f"iteration {step}/{max_steps} ({100 * step // max(max_steps, 1)}%)"] if progress else []
+    if done and progress:
         pace = elapsed / done
         parts += [f"{pace:.3g} s/it", f"ETA {_duration(pace * max(max_steps - step, 0))}"]
     for key in CONSOLE_KEYS:
@@ -127,7 +129,6 @@ class ConsoleCallback(TrainerCallback):
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not state.is_world_process_zero or not logs or not hasattr(self, "_begin"):
             return
-        line = console_line(
-            logs, state.global_step, state.max_steps, time.perf_counter() - self._begin, self._first_step
-        )
+        elapsed, progress = time.perf_counter() - self._begin, not args.disable_tqdm
+        line = console_line(logs, state.global_step, state.max_steps, elapsed, self._first_step, progress)
         print(line, flush=True)

@@ -153,7 +153,7 @@ SUPPORT: dict[str, Support] = {
     "log_on_each_node": _h("as transformers (log levels per node)"),
     "log_level": _h("as transformers", example="info"),
     "log_level_replica": _h("as transformers", example="info"),
-    "disable_tqdm": _h("transformers' progress bar callback"),
+    "disable_tqdm": _h("the console line's progress and ETA (trainers/console.py); true: the metrics only"),
     "include_num_input_tokens_seen": _r(
         "tokens seen are not counted; response lengths are logged per agent", example="all"
     ),
