@@ -323,6 +323,7 @@ def test_resume_onto_another_base_of_the_same_shapes_is_refused(
 ):
     from peft import LoraConfig
 
+    from trl_collm.team.saved import resolve_base_ref
     from trl_collm.testing import tiny_model_dir
 
     other = tiny_model_dir("tiny-qwen2-seed1", seed=1)  # same architecture and shapes, other weights
@@ -334,7 +335,8 @@ def test_resume_onto_another_base_of_the_same_shapes_is_refused(
     args = make_config(tmp_path, num_agents=2, save_strategy="steps", save_steps=1)
     _trainer(args, qwen_path, prompts_dataset, peft_config=lora()).train()
     ck = checkpoints.complete_checkpoints(args.output_dir)[-1]
-    assert json.loads(open(os.path.join(ck, "team.json")).read())["base"]["agent_0"]["model"] == qwen_path
+    recorded = json.loads(open(os.path.join(ck, "team.json")).read())["base"]["agent_0"]["model"]
+    assert not os.path.isabs(recorded) and resolve_base_ref(recorded, ck) == qwen_path  # relative to the checkpoint
 
     resume = make_config(tmp_path, num_agents=2, save_strategy="no", total_episodes=12)
     tr = _trainer(resume, other, prompts_dataset, peft_config=lora())
