@@ -206,20 +206,37 @@ def _help_cache_file(kind: str) -> str:
     return os.path.join(root, "help", f"{kind}-{digest}.txt")
 
 
-def _print_help(kind: str, config_cls_of) -> None:
+def _keep_parser(kind: str, parser=None) -> str:
+    """Keep `trl-collm KIND --help`'s text and option names (building the parser when not given); returns the
+    text. Whoever builds a parser keeps both commands' (the second costs a fraction of a second once transformers
+    is imported), so later --help calls and config-key checks of either command skip the heavy imports."""
     path = _help_cache_file(kind)
+    parser = parser or _train_parser(kind, _config_cls(kind))
+    keep_option_names(path, parser)
+    text = parser.format_help()
+    with contextlib.suppress(OSError):  # a read-only home only costs the next --help its seconds
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path + f".{os.getpid()}", "w") as f:
+            f.write(text)
+        os.replace(path + f".{os.getpid()}", path)
+    return text
+
+
+def _keep_both(kind: str, parser) -> None:
+    _keep_parser(kind, parser)
+    twin = "mc" if kind == "ppo" else "ppo"
+    if not os.path.isfile(_help_cache_file(twin)):
+        _keep_parser(twin)
+
+
+def _print_help(kind: str) -> None:
     try:
-        with open(path) as f:
+        with open(_help_cache_file(kind)) as f:
             text = f.read()
     except OSError:
-        parser = _train_parser(kind, config_cls_of())
-        keep_option_names(path, parser)
+        parser = _train_parser(kind, _config_cls(kind))
+        _keep_both(kind, parser)
         text = parser.format_help()
-        with contextlib.suppress(OSError):  # a read-only home only costs the next --help its seconds
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path + f".{os.getpid()}", "w") as f:
-                f.write(text)
-            os.replace(path + f".{os.getpid()}", path)
     print(text, end="")
 
 
@@ -235,11 +252,11 @@ def _config_cls(kind: str):
 
 def train(kind: str, argv: list[str]) -> str | None:
     if "-h" in argv or "--help" in argv:
-        _print_help(kind, lambda: _config_cls(kind))
+        _print_help(kind)
         return None
     precheck(kind, argv, _help_cache_file)  # before the parser: building it imports transformers and torch
     parser = _train_parser(kind, _config_cls(kind))
-    keep_option_names(_help_cache_file(kind), parser)
+    _keep_both(kind, parser)
     _check_config_keys(kind, argv, parser)
     task_args, args, model_args = _parse_training(parser, argv)
     import torch
