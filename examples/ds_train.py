@@ -16,7 +16,8 @@ Writes <out>/metrics.json (rank 0): per iteration, every metric averaged over th
 rollout / scoring / update per iteration (`phases_s`); and the fingerprint
 (sum, abs-sum in float64) of each agent's trained parameters at the end, gathered from all ranks under ZeRO-3.
 Saves the team to <out>/team. --save-steps / --stop-after / --resume: checkpoints, a stopped run and its resume
-(tests/test_deepspeed.py); --inf-loss-iteration: a loss made infinite on rank 0 (the non-finite step guard);
+(tests/test_deepspeed.py); --kill-in-save N: a run SIGKILLed inside DeepSpeed's save of checkpoint-N
+(tests/test_deepspeed_kill.py); --inf-loss-iteration: a loss made infinite on rank 0 (the non-finite step guard);
 --record-roles: each process's ranks and main-process roles (tests/test_multinode.py).
 """
 
@@ -132,6 +133,8 @@ def add_test_hooks(trainer, cli) -> list:
                 control.should_training_stop = True
 
     trainer.add_callback(Hooks())
+    if cli.kill_in_save:
+        kill_inside_the_engine_save(trainer, cli.kill_in_save)
     if cli.inf_loss_iteration:
         losses = trainer.step_losses
 
@@ -143,6 +146,24 @@ def add_test_hooks(trainer, cli) -> list:
 
         trainer.step_losses = poisoned
     return around
+
+
+def kill_inside_the_engine_save(trainer, step: int) -> None:
+    """--kill-in-save N: rank 0 is SIGKILLed inside DeepSpeed's save of checkpoint-N, right after the engine wrote
+    its first file (its other shards, the optimizer state and the completion marker not yet), as a preemption or
+    the OOM killer would stop it; the launcher then ends the other ranks."""
+    import signal
+
+    from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
+
+    original = TorchCheckpointEngine.save
+
+    def save(self, state_dict, path):
+        original(self, state_dict, path)
+        if trainer.state.global_step == step and trainer.is_world_process_zero():
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    TorchCheckpointEngine.save = save
 
 
 def averaged_history(trainer) -> list[dict]:
@@ -186,6 +207,9 @@ def main():
     parser.add_argument("--save-steps", type=int, default=0, help="write a checkpoint every N iterations (0: none)")
     parser.add_argument("--stop-after", type=int, default=0, help="stop after N iterations (as a preempted run)")
     parser.add_argument("--resume", action="store_true", help="resume from the newest checkpoint in --out")
+    parser.add_argument(
+        "--kill-in-save", type=int, default=0, help="SIGKILL rank 0 inside DeepSpeed's save of checkpoint-N"
+    )
     parser.add_argument(
         "--inf-loss-iteration",
         type=int,

@@ -303,6 +303,73 @@ def test_conversational_dataset_trains_a_lora_team_through_mc(tmp_path, smollm2_
     assert seen and all(IM_END not in t for t in seen)
 
 
+# ------------------------------------------------------------------------------------------------ bad input, one line
+LONE = "\ud800"  # a lone surrogate: not encodable as UTF-8, a tokenizer raises TypeError on it
+
+
+class _SurrogateEnv:
+    """One turn whose conversation quotes text with a lone surrogate, as generated code's error message can (a
+    dataset cannot even hold one: Arrow refuses it), so it enters through the environment."""
+
+    def __new__(cls):
+        from trl_collm.envs import MultiAgentEnv, StepResult
+
+        class Env(MultiAgentEnv):
+            max_turns = 1
+
+            def reset(self, row):
+                return [[{"role": "user", "content": f"Error: {LONE} {row['prompt']}"}]]
+
+            def step(self, completions):
+                return StepResult(reward=1.0, observations=None, done=True)
+
+        return Env()
+
+
+def test_lone_surrogate_in_message_content_is_cleaned_through_train(tmp_path, make_config, qwen_path):
+    """A conversation whose content holds a lone surrogate crashed train() with the tokenizer's TypeError (plain
+    prompts were cleaned, message contents were not): now the content is cleaned as plain text is (U+FFFD)."""
+    args = make_config(
+        tmp_path, num_agents=1, per_device_train_batch_size=2, total_episodes=2, num_ppo_epochs=1, response_length=4
+    )
+    data = Dataset.from_dict({"prompt": ["one", "two"]})
+    tr = MultiAgentPPOTrainer(args=args, model=qwen_path, train_dataset=data, env=_SurrogateEnv())
+    roll = tr.rollout([{"prompt": "one"}, {"prompt": "two"}])
+    assert roll.turns[0][tr.team.names[0]].contexts[0] == "Error: \ufffd one"
+    assert tr.train().global_step == 1
+
+
+def test_cleaning_a_chat_prompt_keeps_its_chat_form():
+    """A ChatPrompt (plain text + chat form) with a lone surrogate came out of the cleaning as a plain str, so a
+    templated agent lost that turn's conversation: it stays a ChatPrompt, both forms cleaned."""
+    from trl_collm.envs.protocol import validate_observations
+
+    dirty = chat.ChatPrompt(
+        f"Fix {LONE}", [{"role": "system", "content": "Be brief."}, {"role": "user", "content": f"Fix {LONE}"}]
+    )
+    clean = chat.ChatPrompt("Fine", [{"role": "user", "content": "Fine"}])
+    out = validate_observations([dirty, clean], "env.reset", 0, 2, ["a", "b"])
+    assert isinstance(out[0], chat.ChatPrompt) and str(out[0]) == "Fix \ufffd"
+    assert out[0].messages == ({"role": "system", "content": "Be brief."}, {"role": "user", "content": "Fix \ufffd"})
+    assert out[1] is clean  # nothing to clean: the same object
+
+
+def test_a_role_the_chat_template_refuses_is_one_line():
+    """A template's raise_exception (here: only user / assistant roles) surfaced as jinja's TemplateError."""
+    tok = plain_tokenizer()
+    tok.chat_template = (
+        "{% for m in messages %}{% if m['role'] not in ['user', 'assistant'] %}"
+        "{{ raise_exception('Only user and assistant roles are supported!') }}{% endif %}"
+        "{{ m['role'] + ': ' + m['content'] + '\n' }}{% endfor %}{% if add_generation_prompt %}assistant: {% endif %}"
+    )
+    assert chat.agent_prompt(tok, [{"role": "user", "content": "hi"}]) == "user: hi\nassistant: "
+    with pytest.raises(ValueError) as info:
+        chat.agent_prompt(tok, [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}])
+    message = str(info.value)
+    assert "\n" not in message and "refuses a conversation with the roles ['system', 'user']" in message
+    assert "Only user and assistant roles are supported!" in message and "plain-text prompts" in message
+
+
 def test_the_chat_page_snippet_runs_as_written(tmp_path, monkeypatch, smollm2_name):
     """docs/chat.md's first snippet, executed unchanged (in a scratch folder: it writes outputs/chat)."""
     import re

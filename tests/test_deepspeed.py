@@ -26,7 +26,7 @@ from hang_guard import HANG_GUARD_S
 
 pytest.importorskip("deepspeed", reason="DeepSpeed is not installed (pip install 'trl-collm[deepspeed]')")
 
-pytestmark = pytest.mark.deepspeed
+pytestmark = [pytest.mark.deepspeed, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "examples" / "ds_train.py"

@@ -79,3 +79,97 @@ def test_the_cache_honours_the_env_var_and_converts_only_incomplete_folders(tmp_
     expected.mkdir()  # an interrupted folder (no marker) is not trusted
     assert pretrained.smollm2_135m_instruct() == str(expected) and calls == [expected]
     assert pretrained.smollm2_135m_instruct() == str(expected) and len(calls) == 1  # complete now: reused
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the cache's bad states, each one line (issue 29 part 4). A fake package source (any file as the GGUF, a version)
+# and a fake conversion (a small safetensors file) keep these offline and fast.
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def fake_source(tmp_path, monkeypatch):
+    from safetensors.torch import save_file
+
+    gguf = tmp_path / "fake.gguf"
+    gguf.write_bytes(b"x" * 10)
+    calls = []
+
+    def fake_convert(spec, source, folder):
+        calls.append(folder)
+        folder.mkdir(parents=True)
+        save_file({"w": torch.zeros(64, 64)}, str(folder / "model.safetensors"))
+        (folder / pretrained._MARKER).write_text("x")
+
+    monkeypatch.setattr(pretrained, "_source", lambda spec: (gguf, "9.9"))
+    monkeypatch.setattr(pretrained, "_convert", fake_convert)
+    return calls
+
+
+def _one_line(err) -> str:
+    message = str(err.value)
+    assert "\n" not in message
+    return message
+
+
+def test_cache_that_is_a_file_is_one_line(tmp_path, monkeypatch, fake_source):
+    (tmp_path / "cache").write_text("not a folder")
+    monkeypatch.setenv("TRL_COLLM_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(NotADirectoryError) as err:
+        pretrained.smollm2_135m_instruct()
+    assert f"TRL_COLLM_CACHE={str(tmp_path / 'cache')!r}) is a file" in _one_line(err) and not fake_source
+    with pytest.raises(NotADirectoryError, match="is a file or lies under one"):
+        pretrained.smollm2_135m_instruct(tmp_path / "cache" / "below")
+
+
+def test_read_only_cache_is_one_line(tmp_path):
+    """EROFS from a read-only bind mount (bubblewrap's --ro-bind; chmod does not stop root), in a child process."""
+    import shutil
+    import subprocess
+    import sys
+
+    if shutil.which("bwrap") is None:
+        pytest.skip("needs bubblewrap for a read-only mount")
+    cache = tmp_path / "ro-cache"
+    cache.mkdir()
+    code = (
+        "import pathlib; from trl_collm.team import pretrained\n"
+        f"gguf = pathlib.Path({str(tmp_path / 'fake.gguf')!r}); gguf.write_bytes(b'x')\n"
+        "pretrained._source = lambda spec: (gguf, '9.9')\n"
+        "try:\n    pretrained.smollm2_135m_instruct()\nexcept PermissionError as e:\n    print('ERR', e)\n"
+    )
+    argv = ["bwrap", "--dev-bind", "/", "/", "--ro-bind", str(cache), str(cache), sys.executable, "-c", code]
+    env = {**os.environ, "TRL_COLLM_CACHE": str(cache), "PYTHONPATH": os.getcwd()}
+    probe = subprocess.run(argv[:7] + ["true"], capture_output=True, text=True, timeout=60)
+    if probe.returncode != 0:
+        pytest.skip(f"bubblewrap cannot make a read-only mount here: {probe.stderr.strip()[-300:]}")
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env)
+    line = out.stdout.strip()
+    assert line.startswith("ERR the model cache") and "cannot be written (Read-only file system)" in line, line
+    assert "set TRL_COLLM_CACHE to a writable folder" in line and "\n" not in line
+
+
+def test_truncated_cached_weights_are_one_line_naming_the_folder(tmp_path, fake_source):
+    folder = pretrained.smollm2_135m_instruct(tmp_path)  # converted (fake) and checked
+    weights = os.path.join(folder, "model.safetensors")
+    with open(weights, "r+b") as f:
+        f.truncate(os.path.getsize(weights) // 2)
+    with pytest.raises(ValueError) as err:
+        pretrained.smollm2_135m_instruct(tmp_path)
+    message = _one_line(err)
+    assert f"weights {weights} cannot be read" in message and f"delete {folder!r}" in message
+    assert len(fake_source) == 1  # refused, not silently converted again
+
+
+def test_an_interrupted_conversions_temporary_folder_is_removed(tmp_path, fake_source):
+    """A conversion SIGKILLed mid-write leaves `.<folder>.<random>/` (513 MiB for SmolLM2); the next call, holding
+    the conversion lock, removes it, whether it then converts or finds the folder complete."""
+    name = "smollm2-135m-instruct-9.9-10"
+    stale = tmp_path / f".{name}.k1ll3d"
+    stale.mkdir()
+    (stale / "model.safetensors").write_bytes(b"\0" * 4096)
+    folder = pretrained.smollm2_135m_instruct(tmp_path)
+    assert folder == str(tmp_path / name) and not stale.exists() and len(fake_source) == 1
+    stale.mkdir()  # killed again later, while the complete folder exists
+    assert pretrained.smollm2_135m_instruct(tmp_path) == folder and not stale.exists() and len(fake_source) == 1
+    assert (tmp_path / f".{name}.lock").is_file()  # the lock file (not a folder) stays

@@ -7,11 +7,13 @@ import dataclasses
 import pathlib
 
 import pytest
+import yaml
 from transformers import HfArgumentParser
+from trl import TrlParser
 
 import trl_collm
 from trl_collm import MC_PRESETS, PRESETS, MultiAgentMCConfig, MultiAgentPPOConfig
-from trl_collm.trainers.presets import PresetDefault, check_presettable
+from trl_collm.trainers.presets import PresetDefault, check_presettable, plain
 
 BASE = dict(output_dir="unused", use_cpu=True, bf16=False, report_to=[])
 ARGV = ["--output_dir", "unused", "--use_cpu", "true", "--report_to", "none"]
@@ -70,3 +72,66 @@ def test_no_code_reads_a_callers_frame_and_no_config_reads_argparse_internals():
         words[p] += ("._actions", "parse_known_args")
     hits = [f"{p.relative_to(root)}: {w}" for p, ws in words.items() for w in ws if w in p.read_text()]
     assert hits == []
+
+
+# Each field set explicitly to the library's default: the preset would otherwise replace it.
+COLLM_AT_DEFAULTS = dict(centralized_value="per_agent_heads", policy_loss_type="ppo", gamma=1.0, kl_coef=0.05)
+MAGRPO_AT_DEFAULTS = dict(gamma=1.0, temperature=0.7, beta=0.0, top_p=1.0)
+
+
+def _defaults(cls, names):
+    # a field a preset may fill holds its default wrapped (trainers/presets.py)
+    return {f.name: plain(f.default) for f in cls.__dataclass_fields__.values() if f.name in names}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# a preset never overrides what the user set
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "cls,preset,explicit",
+    [(MultiAgentPPOConfig, "collm", COLLM_AT_DEFAULTS), (MultiAgentMCConfig, "magrpo", MAGRPO_AT_DEFAULTS)],
+)
+def test_a_field_set_to_its_default_beats_the_preset(cls, preset, explicit):
+    assert _defaults(cls, explicit) == explicit  # the point: each value is the library default
+    preset_values = cls.presets[preset]
+    assert any(preset_values[k] != v for k, v in explicit.items() if k in preset_values)
+    args = cls(**BASE, preset=preset, **explicit)
+    assert {k: getattr(args, k) for k in explicit} == explicit
+    # the fields left unset still get the preset's values
+    bare = cls(**BASE, preset=preset)
+    for key, value in preset_values.items():
+        if key not in explicit and key != "centralized_value":
+            assert getattr(args, key) == value == getattr(bare, key), key
+
+
+def test_preset_on_the_command_line_keeps_flags_and_yaml_keys_at_default_values(tmp_path):
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump(dict(preset="collm", kl_coef=0.05, gamma=1.0, use_cpu=True, report_to="none")))
+    argv = ["--output_dir", str(tmp_path), "--config", str(config), "--policy_loss_type", "ppo"]
+    (args,) = TrlParser(MultiAgentPPOConfig).parse_args_and_config(argv)
+    assert (args.kl_coef, args.gamma, args.policy_loss_type) == (0.05, 1.0, "ppo")
+    assert args.temperature == 0.6 and args.lam == 0.0  # not given: the preset's
+    # a plain HfArgumentParser command line (no YAML)
+    from transformers import HfArgumentParser
+
+    argv = ["--output_dir", str(tmp_path), "--preset", "collm", "--gamma", "1.0", "--use_cpu", "true"]
+    (args,) = HfArgumentParser(MultiAgentPPOConfig).parse_args_into_dataclasses(argv + ["--report_to", "none"])
+    assert args.gamma == 1.0 and args.kl_coef == 0.0 and args.temperature == 0.6
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 5. the collm preset is the reference rule, team value included
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_collm_preset_trains_one_team_value():
+    args = MultiAgentPPOConfig(**BASE, preset="collm")
+    assert args.centralized_value == "team"
+    assert (
+        MultiAgentPPOConfig(**BASE, preset="collm", centralized_value="agent_tagged").centralized_value
+        == "agent_tagged"
+    )
+    # per-agent rewards need a value per agent: the preset leaves the default there instead of failing
+    assert MultiAgentPPOConfig(**BASE, preset="collm", reward_type="per_agent").centralized_value == "per_agent_heads"

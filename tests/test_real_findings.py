@@ -147,7 +147,9 @@ def test_resampled_starting_model_gives_the_held_out_noise_line(tmp_path):
     assert real_findings.resample_line(str(tmp_path), "writing-summary", s)[0] == ""
     save(1236, 0.5, 0.0)
     save(1235, 0.6, 1.0)
-    assert real_findings.start_path(str(tmp_path), "writing-summary", s, 1235).endswith("start-t96-eallx1-evalseed1235.json")
+    assert real_findings.start_path(str(tmp_path), "writing-summary", s, 1235).endswith(
+        "start-t96-eallx1-evalseed1235.json"
+    )
     line, rows = real_findings.resample_line(str(tmp_path), "writing-summary", s)
     assert [r["eval_seed"] for r in rows] == [1234, 1235, 1236]
     assert line == (

@@ -18,6 +18,8 @@ import torch
 from conftest import RUN_SETTINGS
 from test_dropin import LORA_FLAGS, TEST_PROMPTS, TRAIN_PROMPTS, _run_script
 
+pytestmark = pytest.mark.slow  # the real model through every path (CONTRIBUTING.md: the fast suite leaves it out)
+
 TASK = "coord-penalty"  # prompts of ~35 tokens: the cheapest built-in task for a real model
 NEW_TOKENS = 6
 PPO_DEFAULTS = dict(response_length=NEW_TOKENS, num_ppo_epochs=1, total_episodes=2)  # one iteration of 2 rows
@@ -287,3 +289,48 @@ def test_dropin_script_with_the_real_tokenizer(smollm2_path, tmp_path):
     assert proc.stdout.count("'objective/kl':") == 1, proc.stdout[-4000:]
     assert proc.stdout.count("-- episode ") == 2, proc.stdout[-4000:]  # generate_completions() on the test split
     assert (out / "adapter_config.json").is_file()
+
+
+def test_the_smollm2_example_reports_paired_held_out_scores_and_saves_a_team(smollm2_name, tmp_path):
+    """examples/smollm2_team.py at its smallest: one thread chosen as the CLI does, the held-out plays before and
+    after with their count and standard error, the paired change, texts with word counts, a team that loads back."""
+    import re
+    import subprocess
+    import sys
+
+    from trl_collm.team.saved import load_team
+
+    out = tmp_path / "team"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    cmd = [sys.executable, os.path.join(root, "examples", "smollm2_team.py"), "--iterations", "1", "--posts", "1"]
+    cmd += ["--eval-posts", "2", "--response-length", "4", "--output-dir", str(out)]
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=root)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    text = proc.stdout
+    assert "1 torch thread(s)" in text, text[:500]
+    scores = re.findall(r"held-out team score (\d\.\d+) \+- (\d\.\d+) \(SE, 2 plays at temperature 1", text)
+    assert len(scores) == 3, text  # before, then before again beside after
+    assert re.search(r"change, paired play by play: [+-]\d\.\d+ \+- \d\.\d+ \(SE\): (beyond|within) noise", text)
+    assert len(re.findall(r"\[post [12]\] (concise|detailed) \(\d+ words\): ", text)) == 8  # 2 posts x 2 x before/after
+    assert "iteration 1: sampled team score" in proc.stderr + text
+    team = load_team(str(out))
+    assert team.names == ["concise", "detailed"]
+
+
+def test_the_workload_benchmark_reports_each_phase_per_generated_token(smollm2_name, tmp_path):
+    """benchmarks/bench_workload.py --smoke (issue 28's workload at its smallest): a measurement in a fresh process,
+    its phases no larger than the whole, the JSON it writes."""
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = tmp_path / "bench.json"
+    cmd = [sys.executable, os.path.join(root, "benchmarks", "bench_workload.py"), "--smoke", "--json", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=root)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    (row,) = json.loads(out.read_text())["rows"]
+    ms = row["ms_per_token"]
+    assert row["compute"] == "fp32" and row["rounds"] == 1
+    assert ms["total"] >= ms["rollout"] + ms["score_rollout"] + ms["update"] - 1e-6 and ms["rollout"] > 0
+    assert ms["generate"] > 0 and "GFLOP/s" in proc.stdout and "1.00x" in proc.stdout

@@ -122,3 +122,30 @@ def test_resume_from_a_checkpoint_without_base_record_is_refused(
     tr = _trainer(resume, qwen_path, prompts_dataset, layout)
     with pytest.raises(ValueError, match=r"records no base fingerprint for agents \['agent_0', 'agent_1'\]"):
         tr.train(resume_from_checkpoint=ck)
+
+
+def test_load_team_names_a_truncated_weights_file(trained):
+    """A truncated adapter_model.safetensors reached load_team's caller as safetensors' own error (no file named)."""
+    from trl_collm.team.saved import load_team
+
+    _, args, _ = trained
+    path = os.path.join(args.output_dir, "agent_1", "adapter_model.safetensors")
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) // 2)
+    with pytest.raises(ValueError, match=re.escape(f"{path} (the weights of agent 'agent_1') cannot be read")) as info:
+        load_team(args.output_dir)
+    assert "\n" not in str(info.value) and "re-save it with save_model()" in str(info.value)
+
+
+def test_load_team_names_a_truncated_full_model(tmp_path, make_config, prompts_dataset, qwen_path):
+    from trl_collm import MultiAgentPPOTrainer
+    from trl_collm.team.saved import load_team
+
+    args = make_config(tmp_path, num_agents=2)
+    tr = MultiAgentPPOTrainer(args=args, model=qwen_path, train_dataset=prompts_dataset, reward_funcs=_reward)
+    tr.save_model(args.output_dir)
+    path = os.path.join(args.output_dir, "agent_0", "model.safetensors")
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) - 100)
+    with pytest.raises(ValueError, match=re.escape(f"{path} (the weights of agent 'agent_0') cannot be read")):
+        load_team(args.output_dir)

@@ -521,8 +521,10 @@ def test_token_level_advantages_dc(tmp_path, make_config, prompts_dataset, qwen_
         at = scored.turns[0][a]
         assert at.advantages.shape == at.gen.response_ids.shape  # one advantage per response token
         assert torch.all(at.advantages[~at.gen.response_mask] == 0)
-    for cb in cbs:
-        assert cb.old_values.shape == cb.mask.shape == roll.turns[0][cb.key].gen.response_ids.shape
+    for cb in cbs:  # PPO's targets for each critic batch, in its own record (the critic's batch holds none)
+        target = scored.targets_for(cb)
+        assert target.old_values.shape == target.mask.shape == roll.turns[0][cb.key].gen.response_ids.shape
+        assert not hasattr(cb, "old_values") and not hasattr(cb, "returns")
     agents_before, critics_before = agent_snapshots(tr), critic_snapshots(tr)
     out = tr.train()
     assert_all_trained(tr, agents_before, critics_before)

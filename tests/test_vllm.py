@@ -13,6 +13,8 @@ import os
 import pytest
 import torch
 
+pytestmark = pytest.mark.slow  # a real model in vLLM engines (CONTRIBUTING.md: the fast suite leaves it out)
+
 try:
     import vllm  # noqa: F401
 except ImportError as e:  # pragma: no cover - depends on the venv

@@ -79,7 +79,23 @@ def render(tokenizer, messages: Sequence[Message]) -> str:
     messages = [dict(m) for m in messages]
     if not has_template(tokenizer):
         return "\n".join(m["content"] for m in messages)
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    try:
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    except Exception as err:
+        from jinja2.exceptions import TemplateError  # transformers' templates are jinja2's
+
+        if not isinstance(err, TemplateError):
+            raise
+        # A template's own `raise_exception` (e.g. "Conversation roles must alternate user/assistant/...") or a
+        # broken template: one line naming the model, the roles and the fix, instead of jinja's traceback.
+        name = getattr(tokenizer, "name_or_path", None) or type(tokenizer).__name__
+        roles = [m["role"] for m in messages]
+        reason = " ".join(str(err).split())
+        raise ValueError(
+            f"the chat template of {name!r} refuses a conversation with the roles {roles}: {reason}. Use the roles it "
+            "takes (many accept one optional 'system' first, then 'user' / 'assistant' in turn), or give this agent "
+            "plain-text prompts (a str observation)."
+        ) from None
 
 
 def messages_of(obs, decode: Callable[[list[int]], str]) -> list[dict]:

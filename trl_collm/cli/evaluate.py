@@ -98,21 +98,15 @@ def _check_team_folder(team_dir: str, desc: dict) -> None:
 
 
 def _check_weights(team_dir: str, folder: str) -> None:
-    """A truncated or corrupt weights file (an interrupted copy), named in one line before any model loads: reading
-    a safetensors header is cheap, and safetensors' own error names no file."""
-    from safetensors import SafetensorError, safe_open
+    """A truncated or corrupt weights file (an interrupted copy), named in one line before any model loads."""
+    from ..team.weights_files import unreadable_weights
 
-    for name in sorted(os.listdir(folder)):
-        if name.endswith(".safetensors"):
-            path = os.path.join(folder, name)
-            try:
-                with safe_open(path, "pt"):
-                    pass
-            except SafetensorError as e:
-                raise UsageError(
-                    f"--team_dir {team_dir}: {path} cannot be read ({e}); it is truncated or corrupt: copy the team "
-                    "folder again or re-save it"
-                ) from e
+    bad = unreadable_weights(folder)
+    if bad is not None:
+        raise UsageError(
+            f"--team_dir {team_dir}: {bad[0]} cannot be read ({bad[1]}); it is truncated or corrupt: copy the team "
+            "folder again or re-save it"
+        )
 
 
 def check_team_fits_task(task, env, row: dict, desc: dict, team_dir: str, explicit_options: bool) -> None:

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 @dataclass
 class CriticBatch:
-    """One unit's inputs and targets for the rows of one turn.
+    """One unit's inputs for the rows of one turn (the trainer keeps its targets: PPO's `ValueTargets`).
 
     Column c of the unit's values holds the value of the agents in `columns[c]` (one agent, or a group that shares
     one team value); its target is the mean of their returns.
@@ -45,9 +45,6 @@ class CriticBatch:
     views: list[str]
     suffix_ids: list[list[int]] | None  # token-level: the agent's response tokens appended to the view
     output: int = 0  # token-level: which output of the unit's head values the agent
-    old_values: torch.Tensor | None = None  # (B, k) turn-level or (B, Lr) token-level
-    returns: torch.Tensor | None = None
-    mask: torch.Tensor | None = None  # (B, Lr) token-level
     view_ids: list[list[int]] | None = None  # the views tokenized by the critic (filled on first use)
 
     @property

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from ..chat import check_conversation
+from ..chat import ChatPrompt, check_conversation
 from ..numerics import FLOAT32_MAX, fits_float32
 
 Observation = str | list[int] | list[dict]  # a list of dicts: a conversation
@@ -86,12 +86,33 @@ _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 def clean_text(text: str) -> str:
     """Text as a tokenizer can take it: each lone surrogate (bytes decoded with errors='surrogateescape', a string
     cut inside a pair, the exception message of generated code that printed one) becomes U+FFFD. A surrogate cannot
-    be encoded as UTF-8, and tokenizers raise a TypeError on it."""
+    be encoded as UTF-8, and tokenizers raise a TypeError on it. A ``ChatPrompt`` stays one, both of its forms
+    cleaned (its chat form is what an agent with a chat template is prompted with)."""
+    if isinstance(text, ChatPrompt):
+        messages, before = clean_messages(text.messages), str(text)
+        plain = _clean_str(before)
+        if plain is before and all(a is b for a, b in zip(messages, text.messages)):
+            return text
+        return ChatPrompt(plain, messages)
+    return _clean_str(text)
+
+
+def _clean_str(text: str) -> str:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
         return _LONE_SURROGATE.sub("\ufffd", text)
     return text
+
+
+def clean_messages(messages: Sequence[Mapping]) -> list[dict]:
+    """A conversation with each message's content cleaned as `clean_text` cleans text (a message already clean is
+    returned as the same object)."""
+    out = []
+    for m in messages:
+        content = _clean_str(m["content"])
+        out.append(m if content is m["content"] and isinstance(m, dict) else {**m, "content": content})
+    return out
 
 
 def _validate_observation(obs: Any, where: str, episode: int, agent: int, agent_names) -> Observation:
@@ -110,7 +131,7 @@ def _validate_observation(obs: Any, where: str, episode: int, agent: int, agent_
     if isinstance(obs, (list, tuple)) and obs and all(isinstance(m, Mapping) for m in obs):
         # A conversation: each agent renders it with its own chat template (trl_collm/chat.py).
         check_conversation(obs, f"{where}'s observation for episode {episode}, {_agent_label(agent, agent_names)}")
-        return [dict(m) for m in obs]
+        return [dict(m) for m in clean_messages(obs)]
     raise ValueError(
         f"{where} returned an invalid observation for episode {episode}, {_agent_label(agent, agent_names)}: "
         f"{_describe(obs)}. An observation must be a str (the prompt text), a list[int] (prompt token ids) or a "

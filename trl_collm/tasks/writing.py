@@ -539,8 +539,8 @@ def load_posts(
 ):
     """Posts for ``writing-summary`` as a ``datasets.Dataset`` with columns id, topic, title, document.
 
-    ``source=None``: the offline sample shipped with the package (197 posts: 111 train, 86 eval). Otherwise an HF dataset name (needs
-    network), e.g. ``"trl-lib/tldr"``; ``text_column`` names its text column (default: the first of
+    ``source=None``: the offline sample shipped with the package (197 posts: 111 train, 86 eval). Otherwise an HF
+    dataset name (needs network), e.g. ``"trl-lib/tldr"``; ``text_column`` names its text column (default: the first of
     document/post/prompt/text/content/body/article), and tl;dr-style prompts are split into title and post.
     """
     return _load("writing-summary", "writing_posts.jsonl", split, source, limit, text_column, title_column)

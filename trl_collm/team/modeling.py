@@ -2,7 +2,7 @@
 length; the id its padding uses; left padding and left truncation of token rows; PEFT's adapter folder flattened.
 
 A leaf: it imports torch and nothing of trl_collm, so the team, the critics, the environments, the sampler and the
-saved-team format can all use it without importing one another (tests/test_house_layout.py keeps it a leaf).
+saved-team format can all use it without importing one another (tests/test_house_rules.py keeps it a leaf).
 """
 
 from __future__ import annotations

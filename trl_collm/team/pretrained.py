@@ -18,6 +18,7 @@ dependencies, `llm` and `llama-cpp-python`, are not needed). The cache is ``$TRL
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import importlib.metadata
 import os
@@ -25,6 +26,8 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from .weights_files import unreadable_weights
 
 __all__ = ["PACKAGED_MODELS", "PackagedModel", "cache_root", "packaged_model_dir", "resolve_model_name",
            "smollm2_135m_instruct"]  # fmt: skip
@@ -78,22 +81,89 @@ def _gguf_path(spec: PackagedModel) -> Path:
     )
 
 
+def _source(spec: PackagedModel) -> tuple[Path, str]:
+    """(the GGUF file, the installed package's version): what a cached folder is made from."""
+    return _gguf_path(spec), importlib.metadata.version(spec.distribution)
+
+
+def _cache_origin(cache_dir) -> str:
+    """Where the cache folder came from, as the user set it (for the messages)."""
+    if cache_dir is not None:
+        return f"cache_dir={str(cache_dir)!r}"
+    env = os.environ.get("TRL_COLLM_CACHE")
+    return f"TRL_COLLM_CACHE={env!r}" if env else f"the default cache {str(cache_root())!r}"
+
+
 def packaged_model_dir(name: str, cache_dir: str | os.PathLike | None = None) -> str:
-    """The cached `from_pretrained` folder of a packaged model, converted from its GGUF file on first use."""
+    """The cached `from_pretrained` folder of a packaged model, converted from its GGUF file on first use. A cache
+    that is a file or cannot be written, and cached weights that cannot be read, are refused in one line; the
+    temporary folder of a conversion that was killed is removed."""
     spec = PACKAGED_MODELS[name]
-    gguf = _gguf_path(spec)
-    version = importlib.metadata.version(spec.distribution)
+    gguf, version = _source(spec)
     root = Path(cache_dir) if cache_dir is not None else cache_root()
+    origin = _cache_origin(cache_dir)
     # The folder name carries what it was made from, so an upgraded package converts again instead of reusing.
     folder = root / f"{spec.name}-{version}-{gguf.stat().st_size}"
-    if (folder / _MARKER).exists():
+    if (folder / _MARKER).exists() and not _leftovers(folder):
+        _check_cached_weights(spec, folder)
         return str(folder)
-    root.mkdir(parents=True, exist_ok=True)
-    with open(root / f".{folder.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # parallel test workers / ranks: one converts, the others wait and reuse
+    _make_root(root, origin)
+    with _locked(root, folder, origin):  # parallel test workers / ranks: one converts, the others wait and reuse
+        for tmp in _leftovers(folder):  # a conversion killed mid-write (the lock is ours: nobody is writing it)
+            shutil.rmtree(tmp, ignore_errors=True)
         if not (folder / _MARKER).exists():
             _convert(spec, gguf, folder)
+    _check_cached_weights(spec, folder)
     return str(folder)
+
+
+def _leftovers(folder: Path) -> list[Path]:
+    """Temporary folders of conversions into `folder` (`_convert` names them `.<folder name>.<random>`)."""
+    try:
+        entries = list(folder.parent.iterdir())
+    except OSError:
+        return []
+    prefix = f".{folder.name}."
+    return [p for p in entries if p.name.startswith(prefix) and p.is_dir() and not p.is_symlink()]
+
+
+def _make_root(root: Path, origin: str) -> None:
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise NotADirectoryError(
+            f"the model cache {str(root)!r} ({origin}) is a file or lies under one, not a folder: set TRL_COLLM_CACHE "
+            "to a folder (default ~/.cache/trl_collm)."
+        ) from None
+    except OSError as err:
+        raise _unwritable(root, origin, err) from None
+
+
+def _unwritable(root: Path, origin: str, err: OSError) -> PermissionError:
+    return PermissionError(
+        f"the model cache {str(root)!r} ({origin}) cannot be written ({err.strerror or err}): set TRL_COLLM_CACHE to "
+        "a writable folder, or convert the model once where the cache is writable."
+    )
+
+
+@contextlib.contextmanager
+def _locked(root: Path, folder: Path, origin: str):
+    try:
+        lock = open(root / f".{folder.name}.lock", "w")  # noqa: SIM115 - held for the whole block
+    except OSError as err:
+        raise _unwritable(root, origin, err) from None
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _check_cached_weights(spec: PackagedModel, folder: Path) -> None:
+    bad = unreadable_weights(folder)
+    if bad is not None:
+        raise ValueError(
+            f"the cached {spec.name} weights {bad[0]} cannot be read ({bad[1]}): the file is truncated or corrupt; "
+            f"delete {str(folder)!r} and it will be converted again."
+        )
 
 
 def _convert(spec: PackagedModel, gguf: Path, folder: Path) -> None:

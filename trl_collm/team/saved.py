@@ -21,6 +21,7 @@ import torch
 from .agents import AgentTeam
 from .modeling import base_model_of, flatten_adapter_folder
 from .names import check_agent_names
+from .weights_files import unreadable_weights
 
 TEAM_FILE = "team.json"
 FORMAT = "trl-collm-team/1"
@@ -374,6 +375,13 @@ def load_team(
                 "copy the whole team folder written by save_model()."
             )
     _check_one_save(folder, desc, folders)
+    for a, path in folders.items():  # before any model loads: safetensors' own error names no file
+        bad = unreadable_weights(path)
+        if bad is not None:
+            raise ValueError(
+                f"{bad[0]} (the weights of agent {a!r}) cannot be read ({bad[1]}): the file is truncated or corrupt "
+                "(an interrupted copy or save); copy the whole team folder again or re-save it with save_model()."
+            )
     tokenizers = {a: AutoTokenizer.from_pretrained(folders[a]) for a in names}
     if desc["layout"] == "shared_base":
         base_path = base_model or desc.get("base_model")

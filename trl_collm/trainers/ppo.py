@@ -10,7 +10,7 @@ One iteration:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -33,8 +33,19 @@ class PPOTurn(ScoredTurn):
 
 
 @dataclass
+class ValueTargets:
+    """PPO's targets for one critic batch (its scoring pass made them, so they live here, not in the critic's
+    CriticBatch): the values the clipped value loss starts from, the returns it moves them to."""
+
+    old_values: torch.Tensor  # (B, k) turn-level or (B, Lr) token-level
+    returns: torch.Tensor  # same shape
+    mask: torch.Tensor | None = None  # (B, Lr) token-level: the response tokens; None: turn-level
+
+
+@dataclass
 class PPOAdvantages:
-    """What an advantage function returns: normalised advantages per turn and agent, and the critic's statistics."""
+    """What an advantage function returns: normalised advantages per turn and agent, the critic's statistics, and the
+    value targets (one `ValueTargets` per critic batch, in the batches' order)."""
 
     advantages: list[dict[str, torch.Tensor]]  # [t][agent]: (B,) turn-level or (B, Lr) token-level
     values: torch.Tensor  # the played entries' values, returns and raw advantages, flat (statistics)
@@ -42,6 +53,7 @@ class PPOAdvantages:
     raw_advantages: torch.Tensor
     value_table: torch.Tensor | None = None  # (E, T, n) turn-level values and returns (per-agent diagnostics)
     return_table: torch.Tensor | None = None
+    targets: list[ValueTargets] = field(default_factory=list)
 
 
 @dataclass
@@ -53,6 +65,10 @@ class ScoredRollout:
     critic_batches: list[CriticBatch]
     advantages: PPOAdvantages
     metrics: dict
+
+    def targets_for(self, cb: CriticBatch) -> ValueTargets:
+        """The value targets of one of `critic_batches` (matched by identity: batches hold tensors, not keys)."""
+        return next(t for batch, t in zip(self.critic_batches, self.advantages.targets) if batch is cb)
 
 
 class MultiAgentPPOTrainer(TeamTrainerBase):
@@ -305,11 +321,12 @@ class MultiAgentPPOTrainer(TeamTrainerBase):
         args, names = self.args, self.team.names
         n, E, T = len(names), roll.num_episodes, roll.num_turns
         V = torch.zeros(E, T, n)
+        old_values = []
         for cb in cbs:
             v = self._values(cb).float().cpu()
             if self.value_rms is not None:
                 v = self.value_rms.denormalize(v)
-            cb.old_values = v
+            old_values.append(v)
             cb.scatter_values(v, V, names)
         mask = roll.turn_mask
         adv = torch.zeros(E, T, n)
@@ -317,13 +334,12 @@ class MultiAgentPPOTrainer(TeamTrainerBase):
         for i in range(n):
             adv[:, :, i], ret[:, :, i] = alg.gae(rewards[:, :, i], V[:, :, i], mask.float(), args.gamma, args.lam)
         values, returns, raw = V[mask], ret[mask], adv[mask]
-        for cb in cbs:
-            cb.returns = cb.column_targets(ret, names)
+        targets = [ValueTargets(v, cb.column_targets(ret, names)) for cb, v in zip(cbs, old_values)]
         adv = self._normalize_advantages(adv, mask)
         per_turn = [
             {a: adv[turn[a].episode_ids, t, i] for i, a in enumerate(names)} for t, turn in enumerate(roll.turns)
         ]
-        return PPOAdvantages(per_turn, values, returns, raw, value_table=V, return_table=ret)
+        return PPOAdvantages(per_turn, values, returns, raw, value_table=V, return_table=ret, targets=targets)
 
     def _normalize_advantages(self, adv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         args = self.args
@@ -346,7 +362,7 @@ class MultiAgentPPOTrainer(TeamTrainerBase):
         """TRL PPO semantics: per-token values, per-token KL penalty, score at the last response token."""
         args, names = self.args, self.team.names
         turn = turns[0]
-        raw = {}
+        raw, targets = {}, []
         all_values, all_returns, all_adv = [], [], []
         for cb in cbs:
             a = cb.agents[0]
@@ -363,7 +379,7 @@ class MultiAgentPPOTrainer(TeamTrainerBase):
             if args.whiten_rewards:
                 r = alg.whiten(r, mask, shift_mean=False)
             adv, ret = alg.gae(r, v, mask.float(), args.gamma, args.lam)
-            cb.old_values, cb.returns, cb.mask = v, ret, mask
+            targets.append(ValueTargets(v, ret, mask))
             raw[a] = adv
             all_values.append(v[mask]), all_returns.append(ret[mask]), all_adv.append(adv[mask])
         scope = args.advantage_norm_scope
@@ -380,7 +396,11 @@ class MultiAgentPPOTrainer(TeamTrainerBase):
             else:
                 normalized[a] = raw[a]
         return PPOAdvantages(
-            [normalized], torch.cat(all_values).cpu(), torch.cat(all_returns).cpu(), torch.cat(all_adv).cpu()
+            [normalized],
+            torch.cat(all_values).cpu(),
+            torch.cat(all_returns).cpu(),
+            torch.cat(all_adv).cpu(),
+            targets=targets,
         )
 
     # ------------------------------------------------------------------ update
@@ -435,7 +455,7 @@ class MultiAgentPPOTrainer(TeamTrainerBase):
         for cb, cols in self.critic.loss_columns(scored.critic_batches, agents):
             rows = _rows_of(cb.episode_ids, mpairs[mpairs[:, 1] == cb.turn][:, 0])
             if len(rows):
-                yield self.args.vf_coef * self._value_loss(cb, rows, cols, logs), len(rows)
+                yield self.args.vf_coef * self._value_loss(cb, scored.targets_for(cb), rows, cols, logs), len(rows)
 
     def _policy_loss(self, a: str, st: PPOTurn, rows: torch.Tensor, logs) -> torch.Tensor:
         args = self.args
@@ -472,15 +492,15 @@ class MultiAgentPPOTrainer(TeamTrainerBase):
             logs[f"{a}/{key}"].append(float(val.detach()))
         return loss
 
-    def _value_loss(self, cb: CriticBatch, rows: torch.Tensor, cols: list[int], logs) -> torch.Tensor:
+    def _value_loss(self, cb: CriticBatch, target: ValueTargets, rows: torch.Tensor, cols: list[int], logs):
         args = self.args
         values = self.critic.values(cb, self.accelerator.device, rows)
-        old = cb.old_values[rows].to(values.device)
-        ret = cb.returns[rows].to(values.device)
+        old = target.old_values[rows].to(values.device)
+        ret = target.returns[rows].to(values.device)
         if self.value_rms is not None:
             old, ret = self.value_rms.normalize(old), self.value_rms.normalize(ret)
-        if cb.mask is not None:  # token-level
-            mask = cb.mask[rows].to(values.device)
+        if target.mask is not None:  # token-level
+            mask = target.mask[rows].to(values.device)
         else:
             mask = torch.zeros_like(values, dtype=torch.bool)
             mask[:, cols] = True

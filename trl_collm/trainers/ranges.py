@@ -4,7 +4,7 @@ A field we declare states its range beside it, in its annotation: `lam: Annotate
 (Not in `field(metadata=...)`: transformers' `HfArgumentParser`, and so TRL's `TrlParser` and our CLI, hands every
 metadata key to argparse, which refuses an unknown one.) The fields inherited from `TrainingArguments` take theirs
 from `INHERITED_RANGES` below. Every int or float field is also checked for finiteness, so a field without a range is
-never silently unchecked; `tests/test_robustness.py` walks every field to keep it so.
+never silently unchecked; `tests/test_config_checks.py` walks every field to keep it so.
 """
 
 from __future__ import annotations
