@@ -5,6 +5,7 @@ card reports the evaluation of the saved weights."""
 from __future__ import annotations
 
 import json
+import os
 from types import SimpleNamespace
 
 from test_cli_usability import _fake_team
@@ -116,3 +117,35 @@ def test_the_card_reports_the_evaluation_of_the_saved_weights():
     assert "at step 4, the best checkpoint's" in text and "| `eval_return` | 0.9 |" in text
     assert "Last logged training iteration (step 6)" in text and "| `objective/scores` | 0.25 |" in text
     assert _evaluation(_card_trainer([{"loss": 1.0, "step": 2}])) == {"weights_step": 6, "weights_from_best": False}
+
+
+def test_save_model_from_python_writes_the_card_and_no_absolute_path(tmp_path, monkeypatch, make_config, qwen_path):
+    """trainer.save_model() writes README.md as the CLI does, and neither it nor team.json names the model's
+    absolute folder; load_team still finds the LoRA team's base (recorded relative to the team folder)."""
+    from datasets import Dataset
+    from peft import LoraConfig
+
+    from trl_collm import MultiAgentPPOTrainer
+    from trl_collm.team.saved import load_team
+
+    args = make_config(tmp_path, agent_names=["alice", "bob"], per_device_train_batch_size=2, total_episodes=2)
+    trainer = MultiAgentPPOTrainer(
+        args=args,
+        model=qwen_path,
+        train_dataset=Dataset.from_dict({"prompt": ["one two", "three four"]}),
+        reward_funcs=lambda prompts, completions, **kw: [float(len(a) > len(b)) for a, b in completions],
+        peft_config=LoraConfig(r=2, target_modules=["q_proj"], task_type="CAUSAL_LM"),
+    )
+    trainer.task_record = {"name": "mine", "ref": "my_tasks.py:TASK", "options": {}, "dataset_source": None}
+    trainer.train()
+    out = tmp_path / "saved"
+    trainer.save_model(str(out))
+    card, team_json = (out / "README.md").read_text(), (out / "team.json").read_text()
+    assert "my_tasks.py:TASK" in card and "| alice |" in card  # the task as the CLI records it, and the agents' table
+    for text in (card, team_json):
+        assert os.path.dirname(qwen_path) not in text and str(tmp_path) not in text
+    desc = json.loads(team_json)
+    assert desc["base_model"] == os.path.relpath(qwen_path, out)
+    assert desc["base"]["alice"]["model"] == desc["base_model"]
+    monkeypatch.chdir(tmp_path.parent)  # resolved against the team folder, not the working directory
+    assert load_team(str(out)).names == ["alice", "bob"]

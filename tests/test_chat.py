@@ -368,3 +368,18 @@ def test_a_role_the_chat_template_refuses_is_one_line():
     message = str(info.value)
     assert "\n" not in message and "refuses a conversation with the roles ['system', 'user']" in message
     assert "Only user and assistant roles are supported!" in message and "plain-text prompts" in message
+
+
+def test_the_chat_page_snippet_runs_as_written(tmp_path, monkeypatch, smollm2_name):
+    """docs/chat.md's first snippet, executed unchanged (in a scratch folder: it writes outputs/chat)."""
+    import re
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "chat.md").read_text()
+    snippet = re.search(r"```python\n(.*?)```", page, re.DOTALL).group(1)
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    exec(compile(snippet, "docs/chat.md", "exec"), namespace)
+    trainer = namespace["trainer"]
+    assert trainer.state.global_step == 1 and trainer.team.names == ["alice", "bob"]
+    assert 0.0 <= trainer.metrics_history[-1]["objective/scores"] <= 1.0

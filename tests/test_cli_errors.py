@@ -51,7 +51,8 @@ def no_model_loads(monkeypatch):
     "extra, expected",
     [
         (["--agent_names", "a", "b", "c"], ["--agent_names", "3 agents", "seats 2"]),
-        (["--task_options", '{"num_agents": 3}'], ["--task_options num_agents", "3 agents", "seats 2"]),
+        # coord-penalty has no num_agents option: refused as such (it used to be swallowed by make_env's **options)
+        (["--task_options", '{"num_agents": 3}'], ["takes no option 'num_agents'", "drop it"]),
         (
             ["--task", "coord-numbers", "--task_options", '{"num_agents": 3}', "--agent_names", "a", "b"],
             ["2 agents", "seats 3"],

@@ -542,3 +542,65 @@ def test_readme_usage_snippet_runs_on_cpu(tmp_path, monkeypatch, qwen_path):
     assert desc["agents"] == ["alice", "bob"] and desc["layout"] == "shared_base"
     for folder in ("alice", "bob", "critic"):
         assert (tmp_path / "team" / folder / "adapter_config.json").is_file(), folder
+
+
+def test_task_options_a_task_does_not_know_are_refused_even_behind_star_star_options(tmp_path, capsys):
+    """coord-penalty's make_env takes **options and ignored them: `{"bogus": 1}` trained and landed in team.json."""
+    from trl_collm.cli.common import _check_options
+    from trl_collm.tasks import TaskSpec, get_task
+
+    err = _one_line_error(capsys, ["ppo", "--config", CC_CPU, "--task_options", '{"bogus": 1}'])
+    assert "task 'coord-penalty' takes no option 'bogus' (its options: none); drop it" in err
+    with pytest.raises(UsageError, match=r"takes no option 'num_turns' \(its options: \['sparse', 'turns'\]\)"):
+        _check_options(get_task("coord-repeated"), {"num_turns": 2})  # its length option is `turns`
+    _check_options(get_task("coord-repeated"), {"turns": 2, "sparse": False})  # named parameters
+    _check_options(get_task("building-str"), {"max_listed": 4})  # **options forwarded, documented in TaskSpec.options
+
+    def make_env(**options):
+        return None
+
+    def load_dataset(split="train", source=None, limit=None):
+        return None
+
+    mine = TaskSpec("mine", "a user's task", ["a", "b"], 1, make_env, load_dataset)
+    with pytest.raises(UsageError, match=r"takes no option 'level'.*name it in make_env's signature or TaskSpec"):
+        _check_options(mine, {"level": 3})
+    mine.options = {"level": "how hard"}  # declared: passed on through **options
+    _check_options(mine, {"level": 3})
+
+
+def test_validation_errors_are_said_before_transformers_or_torch_is_imported(tmp_path):
+    """A wrong task, model folder or config key costs a YAML parse, not the ~5 CPU s of importing transformers and
+    torch; an unknown task option costs the task module (torch, never transformers). The config-key check reads the
+    option names the last parser build kept (here the --help calls)."""
+    (tmp_path / "typo.yaml").write_text("task: coord-penalty\nlearnin_rate: 0.1\n")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TRL_COLLM_CACHE=str(tmp_path / "cache"))
+    prime = "from trl_collm.cli import main; main(['ppo', '--help']); main(['mc', '--help'])"
+    subprocess.run([sys.executable, "-c", prime], capture_output=True, env=env, cwd=ROOT, timeout=HANG_GUARD_S)
+    cases = [
+        ["ppo", "--config", CC_CPU, "--task", "nosuch"],
+        ["ppo", "--config", CC_CPU, "--model_name_or_path", "./no/such/folder"],
+        ["ppo", "--config", str(tmp_path / "typo.yaml")],
+        ["mc", "--config", CC_CPU],
+        ["ppo", "--config", CC_CPU, "--task_options", '{"bogus": 1}'],
+    ]
+    code = (
+        "import contextlib, io, json, sys; from trl_collm.cli import main\n"
+        f"out = []\nfor argv in {cases!r}:\n"
+        "    err = io.StringIO()\n"
+        "    with contextlib.redirect_stderr(err):\n"
+        "        code = main(argv)\n"
+        "    out.append([code, err.getvalue().strip(), 'transformers' in sys.modules, 'torch' in sys.modules])\n"
+        "print(json.dumps(out))"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, timeout=HANG_GUARD_S
+    )
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    assert [g[0] for g in got] == [2] * 5 and all(g[1].count("\n") == 0 for g in got), got
+    assert "unknown task 'nosuch'" in got[0][1] and "./no/such/folder: no such folder" in got[1][1]
+    assert "`learnin_rate` is not an option of trl-collm ppo" in got[2][1]
+    assert "not an option of trl-collm mc but of trl-collm ppo: run `trl-collm ppo --config" in got[3][1]
+    assert "takes no option 'bogus'" in got[4][1]
+    assert [g[2:] for g in got[:4]] == [[False, False]] * 4  # neither transformers nor torch for these
+    assert got[4][2] is False  # the task's module brought torch, still no transformers

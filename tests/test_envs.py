@@ -609,3 +609,53 @@ def test_reward_model_function_without_a_score_layer_still_requires_pad_id():
         RewardModelFunction(Scorer(), CharTokenizer())
     with pytest.raises(ValueError, match=r"neither the reward model's config nor the tokenizer defines a pad token"):
         RewardModelFunction(Scorer(), NoPad())
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# a TRL-style reward given unwrapped: told by its effect on the first batch
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _first_batch(reward, texts):
+    from trl_collm import RewardFunctionEnv
+
+    env = RewardFunctionEnv([reward], formatters=[lambda row: "left", lambda row: "right"])
+    env.reset_batch([{"n": i} for i in range(len(texts))], 2, ["left", "right"])
+    return env, env.step_batch(texts, list(range(len(texts))), 2, ["left", "right"])
+
+
+def trl_length(prompts, completions, **kw):  # written for one completion per sample, no annotation
+    return [len(c) for c in completions]
+
+
+def test_an_unwrapped_trl_style_length_reward_is_warned_about_on_its_first_batch():
+    import warnings
+
+    texts = [["a", "bbbb"], ["cc", "d"], ["eeeeee", "ff"]]  # the episodes' lengths differ: 5, 3, 8
+    with pytest.warns(UserWarning, match=r"'trl_length' returned the number of agents \(2\).*per_agent\(trl_length\)"):
+        env, step = _first_batch(trl_length, texts)
+    assert step.rewards.eq(2.0).all()  # what it scored: the list's length, which the warning names
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once per function, not on every batch
+        env.reset_batch([{"n": 0}, {"n": 1}], 2, ["left", "right"])
+        env.step_batch(texts[:2], [0, 1], 2, ["left", "right"])
+
+
+def test_joint_rewards_and_wrapped_ones_are_not_warned_about():
+    import warnings
+
+    from trl_collm.envs import per_agent
+
+    def joint_length(prompts, completions, **kw):
+        return [float(sum(len(t) for t in c)) for c in completions]
+
+    def two_agents_answered(prompts, completions, **kw):  # honest, and 2 for every episode here: texts equal in length
+        return [float(sum(bool(t) for t in c)) for c in completions]
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _, step = _first_batch(joint_length, [["a", "bbbb"], ["cc", "d"]])
+        assert step.rewards[:, 0].tolist() == [5.0, 3.0]
+        _first_batch(two_agents_answered, [["ab", "c"], ["a", "bc"]])  # every episode's texts total 3 characters
+        _, step = _first_batch(per_agent(trl_length), [["a", "bbbb"], ["cc", "d"]])
+        assert step.rewards.tolist() == [[1.0, 4.0], [2.0, 1.0]]

@@ -118,6 +118,7 @@ def test_resume_onto_another_base_of_the_same_shapes_is_refused(
 ):
     from peft import LoraConfig
 
+    from trl_collm.team.saved import resolve_base_ref
     from trl_collm.testing import tiny_model_dir
 
     other = tiny_model_dir("tiny-qwen2-seed1", seed=1)  # same architecture and shapes, other weights
@@ -129,7 +130,8 @@ def test_resume_onto_another_base_of_the_same_shapes_is_refused(
     args = make_config(tmp_path, num_agents=2, save_strategy="steps", save_steps=1)
     _trainer(args, qwen_path, prompts_dataset, peft_config=lora()).train()
     ck = checkpoints.complete_checkpoints(args.output_dir)[-1]
-    assert json.loads(open(os.path.join(ck, "team.json")).read())["base"]["agent_0"]["model"] == qwen_path
+    recorded = json.loads(open(os.path.join(ck, "team.json")).read())["base"]["agent_0"]["model"]
+    assert not os.path.isabs(recorded) and resolve_base_ref(recorded, ck) == qwen_path  # relative to the checkpoint
 
     resume = make_config(tmp_path, num_agents=2, save_strategy="no", total_episodes=12)
     tr = _trainer(resume, other, prompts_dataset, peft_config=lora())
@@ -206,3 +208,17 @@ def test_load_team_with_a_missing_agent_folder(saved_team):
     shutil.rmtree(saved_team / desc["agent_folders"][victim])
     with pytest.raises(ValueError, match=f"agent '{victim}'.*missing"):
         load_team(str(saved_team))
+
+
+def test_portable_model_refs(tmp_path):
+    from trl_collm.team.saved import portable_model_ref, resolve_base_ref
+
+    packaged = tmp_path / "smollm2-135m-instruct-0.1.0-12345"
+    packaged.mkdir()
+    assert portable_model_ref(str(packaged), str(tmp_path / "team")) == "smollm2-135m-instruct"
+    base = tmp_path / "models" / "base"
+    base.mkdir(parents=True)
+    ref = portable_model_ref(str(base), str(tmp_path / "runs" / "team"))
+    assert ref == os.path.join("..", "..", "models", "base")
+    assert resolve_base_ref(ref, str(tmp_path / "runs" / "team")) == str(base)
+    assert portable_model_ref("Qwen/Qwen2.5-0.5B", str(tmp_path)) == "Qwen/Qwen2.5-0.5B"  # a Hub id as is

@@ -123,9 +123,9 @@ def run_case(name: str, out: str) -> dict:
     trainer.train()
     greedy = trainer.rollout([{"prompt": p} for p in PROMPTS[:3]], greedy=True)
     texts = [[turn[a].gen.texts for a in greedy.agent_names] for turn in greedy.turns]
-    metrics = [
-        {k: v for k, v in m.items() if not k.startswith("time/") and k != "eps"} for m in trainer.metrics_history
-    ]
+    from trl_collm.trainers.console import is_wall_clock
+
+    metrics = [{k: v for k, v in m.items() if not is_wall_clock(k)} for m in trainer.metrics_history]
     return {"metrics": metrics, "weights": _digest(trainer.model), "greedy_texts": texts}
 
 

@@ -40,6 +40,7 @@ from .common import (
     user_errors,
 )
 from .evaluate import evaluate_team
+from .precheck import check_config_keys, keep_option_names, precheck, read_config
 
 
 def _check_push(args) -> bool:
@@ -158,26 +159,15 @@ def _train_parser(kind: str, config_cls):
     return parser
 
 
-def _check_config_file(argv: list[str]) -> None:
-    """Read --config before the parser is built (building it imports transformers and torch, seconds of CPU): a
-    missing or malformed file costs only a YAML parse."""
-    path = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--config"), None)
-    path = path or next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
-    if path is None:
+def _check_config_keys(kind: str, argv: list[str], parser) -> None:
+    """The YAML keys no option takes, said in one line (naming the other trainer when they are its options)."""
+    path, config = read_config(argv)
+    names = {a.dest for a in parser._actions}
+    if path is None or set(config) <= names | {"env"}:
         return
-    import yaml
-
-    try:
-        with open(path) as f:
-            data = yaml.safe_load(f)
-    except OSError as e:
-        raise UsageError(f"--config {path}: {e.strerror or e}; give the path of a YAML config file") from e
-    except yaml.YAMLError as e:  # the message holds the line and column
-        raise UsageError(f"--config {path}: not valid YAML: {e}; fix that line") from e
-    if data is not None and not isinstance(data, dict):
-        raise UsageError(
-            f"--config {path}: the file must hold `field: value` lines (a YAML mapping), not a {type(data).__name__}"
-        )
+    twin = "mc" if kind == "ppo" else "ppo"
+    other = {a.dest for a in _train_parser(twin, _config_cls(twin))._actions}
+    check_config_keys(kind, path, config, names, other)
 
 
 def _parse_training(parser, argv: list[str]):
@@ -216,18 +206,37 @@ def _help_cache_file(kind: str) -> str:
     return os.path.join(root, "help", f"{kind}-{digest}.txt")
 
 
-def _print_help(kind: str, config_cls_of) -> None:
+def _keep_parser(kind: str, parser=None) -> str:
+    """Keep `trl-collm KIND --help`'s text and option names (building the parser when not given); returns the
+    text. Whoever builds a parser keeps both commands' (the second costs a fraction of a second once transformers
+    is imported), so later --help calls and config-key checks of either command skip the heavy imports."""
     path = _help_cache_file(kind)
+    parser = parser or _train_parser(kind, _config_cls(kind))
+    keep_option_names(path, parser)
+    text = parser.format_help()
+    with contextlib.suppress(OSError):  # a read-only home only costs the next --help its seconds
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path + f".{os.getpid()}", "w") as f:
+            f.write(text)
+        os.replace(path + f".{os.getpid()}", path)
+    return text
+
+
+def _keep_both(kind: str, parser) -> None:
+    _keep_parser(kind, parser)
+    twin = "mc" if kind == "ppo" else "ppo"
+    if not os.path.isfile(_help_cache_file(twin)):
+        _keep_parser(twin)
+
+
+def _print_help(kind: str) -> None:
     try:
-        with open(path) as f:
+        with open(_help_cache_file(kind)) as f:
             text = f.read()
     except OSError:
-        text = _train_parser(kind, config_cls_of()).format_help()
-        with contextlib.suppress(OSError):  # a read-only home only costs the next --help its seconds
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path + f".{os.getpid()}", "w") as f:
-                f.write(text)
-            os.replace(path + f".{os.getpid()}", path)
+        parser = _train_parser(kind, _config_cls(kind))
+        _keep_both(kind, parser)
+        text = parser.format_help()
     print(text, end="")
 
 
@@ -243,11 +252,13 @@ def _config_cls(kind: str):
 
 def train(kind: str, argv: list[str]) -> str | None:
     if "-h" in argv or "--help" in argv:
-        _print_help(kind, lambda: _config_cls(kind))
+        _print_help(kind)
         return None
-    _check_config_file(argv)
-    config_cls = _config_cls(kind)
-    task_args, args, model_args = _parse_training(_train_parser(kind, config_cls), argv)
+    precheck(kind, argv, _help_cache_file)  # before the parser: building it imports transformers and torch
+    parser = _train_parser(kind, _config_cls(kind))
+    _keep_both(kind, parser)
+    _check_config_keys(kind, argv, parser)
+    task_args, args, model_args = _parse_training(parser, argv)
     import torch
 
     set_cpu_threads(task_args.threads, on_cpu=args.use_cpu or not torch.cuda.is_available())
@@ -329,10 +340,7 @@ def train(kind: str, argv: list[str]) -> str | None:
         trainer.task_record = task_record(task, task_args.task, opts, task_args.dataset_source)
     with _disk_errors(args.output_dir):
         trainer.train(resume_from_checkpoint=resume)
-        trainer.save_model(args.output_dir)
-    model_name = os.path.basename(os.path.normpath(args.output_dir))
-    # the card's loader snippet calls get_task() with this: the built-in name, or the import path as given
-    trainer.create_model_card(model_name=model_name, task=task_args.task)
+        trainer.save_model(args.output_dir)  # the team and its card (the card's task: task_record's ref, as given)
     if task_args.plot and trainer.is_world_process_zero():
         from .plotting import curve_title
 

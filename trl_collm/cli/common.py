@@ -123,16 +123,24 @@ def _resolve_model(path: str | None, flag: str = "--model_name_or_path") -> str:
         from ..testing import tiny_model_dir
 
         return tiny_model_dir("tiny-qwen2")
-    from ..team.pretrained import PACKAGED_MODELS, resolve_model_name
+    from ..team.pretrained import resolve_model_name
 
     resolved = resolve_model_name(path)  # a packaged model's name (e.g. smollm2-135m-instruct) becomes its folder
-    if resolved == path and looks_local(path) and not os.path.isdir(os.path.expanduser(path)):
+    if resolved == path:
+        check_model_path(path, flag)
+    return os.path.expanduser(resolved) if isinstance(resolved, str) else resolved
+
+
+def check_model_path(path: str, flag: str) -> None:
+    """A path meant as a local folder (looks_local) must exist: one line, not transformers' "Repo id must be ..."."""
+    if looks_local(path) and not os.path.isdir(os.path.expanduser(path)):
+        from ..team.pretrained import PACKAGED_MODELS
+
         raise UsageError(
             f"{flag} {path}: no such folder; give a local model folder (save_pretrained output), a Hub id such as "
             f"Qwen/Qwen2.5-0.5B, a packaged model ({', '.join(sorted(PACKAGED_MODELS))}) or `tiny` for the offline "
             "tiny model"
         )
-    return os.path.expanduser(resolved) if isinstance(resolved, str) else resolved
 
 
 def _parser_error(prog: str):

@@ -20,6 +20,7 @@ from .layouts import (
     build_critic,
     check_critic_config,
     critic_outputs,
+    ignored_critic_fields,
     register_critic_type,
 )
 from .units import PLACEMENTS, ActorHeadUnit, CriticUnit, SharedBaseAdapterUnit, UnitSpec, ValueModelUnit
@@ -41,6 +42,7 @@ __all__ = [
     "build_critic",
     "check_critic_config",
     "critic_outputs",
+    "ignored_critic_fields",
     "hidden_size_of",
     "register_critic_type",
     "value_model_outputs",

@@ -215,6 +215,20 @@ class DecentralizedCritic(TeamCritic):
     name = "decentralized"
     title = "CoLLM-DC, decentralized critics"
     summary = "CoLLM-DC: PPO-style actors with one decentralized critic per agent (its own history only)"
+    ignores = ("centralized_value",)  # each agent's critic values that agent's own return: no team / tagged value
+
+    def __init__(self, agent_names: list[str], args, token_level: bool):
+        super().__init__(agent_names, args, token_level)
+        self.value_mode = "own"  # what team.json and the card say: not the centralized_value the config holds
+
+    @classmethod
+    def check_config(cls, args) -> None:
+        if args.centralized_value != "per_agent_heads":  # the field's default: a DC config never needs to set it
+            raise ValueError(
+                f"`centralized_value`={args.centralized_value!r} applies to critic_type='centralized' only (a "
+                "decentralized critic values each agent's own return); drop centralized_value, or use "
+                "critic_type='centralized'."
+            )
 
     def unit_keys(self) -> list[str]:
         return list(self.agent_names)
@@ -360,6 +374,11 @@ def register_critic_type(cls: type[TeamCritic]) -> type[TeamCritic]:
 
 register_critic_type(CentralizedCritic)
 register_critic_type(DecentralizedCritic)
+
+
+def ignored_critic_fields(critic_type: str) -> tuple[str, ...]:
+    """The config fields the layout `critic_type` never reads: a preset leaves them at their defaults."""
+    return getattr(CRITIC_TYPES.get(critic_type), "ignores", ())
 
 
 def check_critic_config(args) -> None:

@@ -144,6 +144,11 @@ def _load_builtins() -> None:
         _import_builtin(module)
 
 
+def known_task_names() -> set[str]:
+    """The built-ins' names and the tasks registered so far, without importing any task module."""
+    return set(BUILTIN_TASKS) | set(_REGISTRY)
+
+
 def list_tasks() -> list[str]:
     _load_builtins()
     return sorted(_REGISTRY)

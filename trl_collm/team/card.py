@@ -316,11 +316,17 @@ def _versions() -> list[str]:
 
 
 def write_team_card(
-    trainer, model_name: str | None = None, dataset_name: str | None = None, tags=None, task: str | None = None
+    trainer,
+    model_name: str | None = None,
+    dataset_name: str | None = None,
+    tags=None,
+    task: str | None = None,
+    output_dir: str | None = None,
 ) -> str:
-    """Write README.md (the team card) into the trainer's output_dir; returns its path."""
-    path = os.path.join(trainer.args.output_dir, "README.md")
-    os.makedirs(trainer.args.output_dir, exist_ok=True)
+    """Write README.md (the team card) into `output_dir` (default: the trainer's); returns its path."""
+    output_dir = output_dir or trainer.args.output_dir
+    path = os.path.join(output_dir, "README.md")
+    os.makedirs(output_dir, exist_ok=True)
     with open(path, "w") as f:
         f.write(team_card(card_facts(trainer, model_name, dataset_name, tags, task)))
     return path

@@ -118,6 +118,43 @@ def describe_team(
     return desc
 
 
+def portable_model_ref(path: str | None, folder: str) -> str | None:
+    """How team.json names a base model so that the file holds no absolute local path: a packaged model's folder by
+    the model's name (resolve_model_name finds it on any machine), another local folder relative to the team folder
+    `folder` (load_team resolves it there, so the pair can move together), a Hub id as is."""
+    if not isinstance(path, str) or not os.path.isabs(path) or not os.path.isdir(path):
+        return path
+    from .pretrained import PACKAGED_MODELS
+
+    base = os.path.basename(os.path.normpath(path))
+    for name in PACKAGED_MODELS:
+        if base.startswith(f"{name}-"):
+            return name
+    return os.path.relpath(path, os.path.abspath(folder))
+
+
+def resolve_base_ref(ref: str, folder: str) -> str:
+    """team.json's base model back to what from_pretrained takes (the reverse of portable_model_ref)."""
+    from .pretrained import resolve_model_name
+
+    beside = os.path.normpath(os.path.join(folder, ref))
+    if not os.path.isabs(ref) and os.path.isdir(beside):
+        return beside
+    return resolve_model_name(ref)
+
+
+def _portable_description(description: dict, folder: str) -> dict:
+    desc = dict(description)
+    if "base_model" in desc:
+        desc["base_model"] = portable_model_ref(desc["base_model"], folder)
+    if isinstance(desc.get("base"), dict):
+        desc["base"] = {
+            a: {**b, "model": portable_model_ref(b.get("model"), folder)} if isinstance(b, dict) else b
+            for a, b in desc["base"].items()
+        }
+    return desc
+
+
 def write_team(output_dir: str, team: AgentTeam, critic, description: dict, full_state: dict | None) -> None:
     """Every agent's folder, the critic's folders and team.json. `full_state`: the gathered state dict of the
     TeamModel when parameters are partitioned (ZeRO-3), else None (the live modules are saved).
@@ -129,6 +166,7 @@ def write_team(output_dir: str, team: AgentTeam, critic, description: dict, full
     tmp = os.path.join(output_dir, TMP_FOLDER)
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
+    description = _portable_description(description, output_dir)
     _write_team_files(tmp, team, critic, {**description, "save_id": uuid.uuid4().hex}, full_state)
     _move_into_place(tmp, output_dir)
 
@@ -351,7 +389,7 @@ def load_team(
             raise ValueError(
                 "team.json records no base model; pass `base_model` (the path or Hub id the adapters were trained on)."
             )
-        base = AutoModelForCausalLM.from_pretrained(base_path, dtype=dtype)
+        base = AutoModelForCausalLM.from_pretrained(resolve_base_ref(base_path, folder), dtype=dtype)
         model = PeftModel.from_pretrained(base, folders[names[0]], adapter_name=names[0])
         for a in names[1:]:
             model.load_adapter(folders[a], adapter_name=a)

@@ -11,7 +11,7 @@ import os
 import time
 
 import torch
-from transformers import TrainerState, set_seed
+from transformers import PrinterCallback, ProgressCallback, TrainerState, set_seed
 from transformers.trainer_callback import ExportableState
 from transformers.trainer_utils import TrainOutput
 from trl.trainer.base_trainer import _BaseTrainer
@@ -27,6 +27,7 @@ from ..team import saved
 from ..team.assembly import TeamModel, build_team, resolve_agent_names
 from . import checkpoints, distributed, evaluation, hub
 from .batches import DataPasses, rollout_loader, set_batch_sizes
+from .console import ConsoleCallback, PhaseClock, TimedSampler
 from .output_dir import check_writable, claim_output_dir
 from .updates import TeamUpdates
 
@@ -92,6 +93,11 @@ class TeamTrainerBase(TeamUpdates, _BaseTrainer):
             optimizers=optimizers,
         )
         self.team, self.critic = team, critic
+        # transformers' printers show every key as a string; ours one line of a few numbers with progress and ETA
+        for printer in (PrinterCallback, ProgressCallback):
+            self.remove_callback(printer)
+        self.add_callback(ConsoleCallback)
+        self.phase_clock = PhaseClock()
         self.sampler = self.build_sampler()
         self._last_loaded_step = None  # the global_step whose weights the backend has seen (TRL's pattern)
         for ref in team._refs.values():
@@ -130,8 +136,8 @@ class TeamTrainerBase(TeamUpdates, _BaseTrainer):
     def build_sampler(self) -> Sampler:
         """The run's sampler: the team, the backend the arguments ask for (trl_collm/generation/sampler.py), the
         config's sampling and prompt settings (both saved in team.json), and the DeepSpeed gathering and lockstep for
-        generation."""
-        return Sampler(
+        generation; its calls are timed on the phase clock (trainers/console.py)."""
+        return TimedSampler(
             self.team,
             make_backend(self.args),
             SamplingSettings.from_config(self.args),
@@ -140,7 +146,12 @@ class TeamTrainerBase(TeamUpdates, _BaseTrainer):
             logprob_temperature=self.sampler_logprob_temperature(),
             lockstep=lambda: distributed.generation_in_lockstep(self),
             prompts=PromptSettings.from_config(self.args, self.team),
+            clock=self.phase_clock,
         )
+
+    def run_updates(self, scored, pairs, epochs: int, per_agent: bool) -> dict:
+        with self.phase_clock.phase("update"):  # the iteration's "update" time (trainers/console.py)
+            return super().run_updates(scored, pairs, epochs, per_agent)
 
     def sampler_logprob_temperature(self) -> float | None:
         """The temperature at which the sampler records the sampled tokens' log-probs (None: not needed)."""
@@ -330,6 +341,7 @@ class TeamTrainerBase(TeamUpdates, _BaseTrainer):
             self.control = handler.on_step_begin(self.args, self.state, self.control)
             rows = passes.next_batch()
             self._iteration_started = time.time()
+            self.phase_clock.reset()
             yield rows
 
     def _record(self, metrics: dict) -> dict:
@@ -337,6 +349,7 @@ class TeamTrainerBase(TeamUpdates, _BaseTrainer):
         throughput, learning rate); appended to the metrics history. Returns the metrics as logged."""
         args, state = self.args, self.state
         metrics["time/iteration_s"] = time.time() - self._iteration_started
+        metrics.update(self.phase_clock.metrics(metrics["time/iteration_s"], args.batch_size))
         metrics["train/nonfinite_steps_skipped"] = self.nonfinite_steps.take_iteration_count()
         state.episode += args.batch_size
         state.global_step += 1
@@ -491,14 +504,17 @@ class TeamTrainerBase(TeamUpdates, _BaseTrainer):
             desc["task"] = dict(self.task_record)
         return desc
 
-    def create_model_card(self, model_name=None, dataset_name=None, tags=None, task=None):
+    def create_model_card(self, model_name=None, dataset_name=None, tags=None, task=None, output_dir=None):
         """The team card (README.md in output_dir, built by trl_collm.team.card in place of TRL's single-model card):
-        each agent's base model, the task (`task`: a registry name or import path), algorithm and critic, the last
-        metrics, how to load and run the team."""
+        each agent's base model, the task (`task`: a registry name or import path; default: the one `task_record`
+        holds, as the CLI sets it), algorithm and critic, the last metrics, how to load and run the team."""
         from ..team.card import write_team_card
 
+        task = task if task is not None else (self.task_record or {}).get("ref")
         if self.is_world_process_zero():
-            write_team_card(self, model_name=model_name, dataset_name=dataset_name, tags=tags, task=task)
+            write_team_card(
+                self, model_name=model_name, dataset_name=dataset_name, tags=tags, task=task, output_dir=output_dir
+            )
 
     def push_to_hub(
         self,
@@ -524,6 +540,8 @@ class TeamTrainerBase(TeamUpdates, _BaseTrainer):
         if self.is_world_process_zero():
             saved.write_team(output_dir, self.team, self.critic, self.team_description(), full)
             torch.save(self.args, os.path.join(output_dir, "training_args.bin"))
+            # The card beside the team, from Python as from the CLI (which calls save_model too)
+            self.create_model_card(model_name=os.path.basename(os.path.normpath(output_dir)), output_dir=output_dir)
         if self.args.push_to_hub and not _internal_call:  # as transformers: a user's save_model() also pushes
             self.push_to_hub(commit_message="Model save")  # every rank: it saves again (a collective under ZeRO-3)
 

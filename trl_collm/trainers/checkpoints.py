@@ -478,7 +478,7 @@ def _check_fits_team(trainer, state: dict, path: str) -> None:
 def check_same_base(trainer, path: str) -> None:
     """A checkpoint stores only trained weights: resumed onto another base (of the same shapes) it would train on
     silently. Compare each agent's frozen-weight fingerprint with the one the checkpoint's team.json records."""
-    from ..team.saved import TEAM_FILE, read_team_file
+    from ..team.saved import TEAM_FILE, read_team_file, resolve_base_ref
 
     needs_base = {a: now for a, now in trainer.base_identity.items() if now["frozen_fingerprint"]}
     if not needs_base:
@@ -500,8 +500,10 @@ def check_same_base(trainer, path: str) -> None:
     for agent, now in needs_base.items():
         then = saved[agent]
         if then["frozen_fingerprint"] != now["frozen_fingerprint"]:
+            was = then.get("model")  # recorded relative to the checkpoint (team/saved.py's portable_model_ref)
+            was = resolve_base_ref(was, path) if isinstance(was, str) else was
             raise ValueError(
-                f"checkpoint {path!r} was trained with agent {agent!r} on base model {then.get('model')!r}, but "
+                f"checkpoint {path!r} was trained with agent {agent!r} on base model {was!r}, but "
                 f"this run builds it on {now['model']!r}, whose frozen weights differ. Resume on the base the "
                 "checkpoint was trained on, or start over in another output_dir."
             )

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Annotated
 
-from ..critics import check_critic_config
+from ..critics import check_critic_config, ignored_critic_fields
 from .presets import PresetDefault, check_presettable, plain
 from .ranges import ABOVE_0, AT_LEAST_0, AT_LEAST_1, UNIT
 from .team_config import TeamConfig
@@ -273,6 +273,8 @@ class MultiAgentPPOConfig(TeamConfig):
         if self.reward_type == "per_agent" or plain(self.advantage_level) == "token":
             # One team value cannot credit per-agent rewards or value tokens: keep a value per agent there.
             fields.pop("centralized_value", None)
+        for name in ignored_critic_fields(plain(self.critic_type)):  # e.g. a DC critic reads no centralized_value
+            fields.pop(name, None)
         return fields
 
     def resolve_for_team(self, num_agents: int) -> None:

@@ -77,6 +77,17 @@ def field_ranges(config_cls: type) -> dict[str, Range]:
     return out
 
 
+@functools.cache
+def numeric_fields(config_cls: type) -> frozenset[str]:
+    """The fields whose type is a number (int, float, or one of them or None), whatever their range."""
+    out = set()
+    for name, hint in typing.get_type_hints(config_cls).items():  # Annotated stripped
+        kinds = set(typing.get_args(hint)) - {type(None)} if typing.get_args(hint) else {hint}
+        if kinds and kinds <= {int, float}:
+            out.add(name)
+    return frozenset(out)
+
+
 def _describe(rng: tuple) -> str:
     lo, hi, lo_in, hi_in = rng
     if lo is not None and hi is not None:
@@ -86,6 +97,13 @@ def _describe(rng: tuple) -> str:
     if hi is not None:
         return f"{'<=' if hi_in else '<'} {hi}"
     return "a finite number"
+
+
+def _as_number(text: str) -> str:
+    try:
+        return repr(float(text))
+    except ValueError:
+        return "a number"
 
 
 def _in_range(value: float, rng: tuple) -> bool:
@@ -100,8 +118,14 @@ def _in_range(value: float, rng: tuple) -> bool:
 def check_numeric_fields(config) -> None:
     """Raise ValueError naming the first numeric field that is non-finite or out of its range."""
     ranges = field_ranges(type(config))
+    numeric = numeric_fields(type(config))
     for f in dataclasses.fields(config):
         value = getattr(config, f.name, None)
+        if isinstance(value, str) and f.name in numeric:  # else a bare TypeError from the first arithmetic in train()
+            raise ValueError(
+                f"`{f.name}`={value!r} is a string; pass a number ({f.name}={_as_number(value)}). YAML reads "
+                "1e-3 without a dot as a string: write 1.0e-3."
+            )
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
             continue  # None (unset), strings, lists, flags
         rng = ranges.get(f.name, ANY)

@@ -21,7 +21,7 @@ from trl.trainer.base_config import _BaseConfig
 from ..team.names import check_agent_names
 from .presets import PresetDefault, fill_preset_defaults
 from .ranges import ABOVE_0, ANY, AT_LEAST_0, AT_LEAST_1, UNIT, UNIT_OPEN_BOTTOM, check_numeric_fields
-from .supported_args import check_training_arguments
+from .supported_args import check_training_arguments, warn_if_bf16_is_emulated
 
 # The choices of the shared fields (each trainer's config adds its own).
 TEAM_CHOICES = {
@@ -508,6 +508,7 @@ class TeamConfig(_BaseConfig):
             from transformers.utils import is_torch_bf16_gpu_available
 
             self.bf16 = not self.use_cpu and is_torch_bf16_gpu_available()
+        warn_if_bf16_is_emulated(self)
         if self.top_k == 0:  # TRL's configs and transformers' generate() switch top-k off with 0: same meaning here
             self.top_k = None
         # Before TrainingArguments' own checks, so every bad number gets a message naming its field.
