@@ -13,7 +13,9 @@ from trl_collm import MultiAgentPPOConfig
 
 
 def _reward(prompts, completions, **kwargs):
-    return [float(len(c) % 3) for c in completions]
+    # completions[e] lists episode e's texts, one per agent: score the first agent's text (len(completions[e]),
+    # the agents' count, would give every episode the same reward)
+    return [float(len(c[0]) % 3) for c in completions]
 
 
 BASE = dict(output_dir="unused", use_cpu=True, bf16=False, report_to=[])

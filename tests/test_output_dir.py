@@ -20,11 +20,9 @@ from trl_collm.trainers import checkpoints
 from hang_guard import HANG_GUARD_S
 
 
-def _reward(prompts, completions, **kwargs):
-    return [float(len(c) % 3) for c in completions]
-
-
 def ok_reward(prompts, completions, **kwargs):
+    # completions[e] lists episode e's texts, one per agent: score the texts themselves (the agents' count
+    # would give every episode the same reward)
     return [float(len(c[0]) % 3) - float(len(c[-1]) % 2) for c in completions]
 
 
@@ -36,7 +34,7 @@ def ok_reward(prompts, completions, **kwargs):
 def _trainer(args, qwen_path, prompts_dataset, **kw):
     from trl_collm import MultiAgentPPOTrainer
 
-    return MultiAgentPPOTrainer(args=args, model=qwen_path, train_dataset=prompts_dataset, reward_funcs=_reward, **kw)
+    return MultiAgentPPOTrainer(args=args, model=qwen_path, train_dataset=prompts_dataset, reward_funcs=ok_reward, **kw)
 
 
 def _holder_process(out) -> subprocess.Popen:

@@ -16,11 +16,9 @@ from trl_collm import MultiAgentPPOTrainer
 from trl_collm.trainers import checkpoints
 
 
-def _reward(prompts, completions, **kwargs):
-    return [float(len(c) % 3) for c in completions]
-
-
 def ok_reward(prompts, completions, **kwargs):
+    # completions[e] lists episode e's texts, one per agent: score the texts themselves (the agents' count
+    # would give every episode the same reward)
     return [float(len(c[0]) % 3) - float(len(c[-1]) % 2) for c in completions]
 
 
@@ -36,7 +34,7 @@ def _weights(team) -> dict:
 def _trainer(args, qwen_path, prompts_dataset, **kw):
     from trl_collm import MultiAgentPPOTrainer
 
-    return MultiAgentPPOTrainer(args=args, model=qwen_path, train_dataset=prompts_dataset, reward_funcs=_reward, **kw)
+    return MultiAgentPPOTrainer(args=args, model=qwen_path, train_dataset=prompts_dataset, reward_funcs=ok_reward, **kw)
 
 
 @pytest.fixture

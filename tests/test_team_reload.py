@@ -19,7 +19,9 @@ from trl_collm.trainers import checkpoints
 
 
 def _reward(prompts, completions, **kwargs):
-    return [float(len(c) % 3) for c in completions]
+    # completions[e] lists episode e's texts, one per agent: score the first agent's text (len(completions[e]),
+    # the agents' count, would give every episode the same reward)
+    return [float(len(c[0]) % 3) for c in completions]
 
 
 def _lora(layout):
