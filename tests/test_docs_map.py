@@ -128,3 +128,14 @@ def test_every_repository_path_in_the_docs_exists():
 def test_the_path_check_finds_a_moved_file():
     text = "`trl_collm/team/agents.py`, `tests/test_house.py`, `docs/data/vs_comlrl_<date>.json`, `tools/`, `tools/.x`"
     assert missing_paths(text) == ["tests/test_house.py"]
+
+
+def test_the_example_configs_page_lists_every_folder_and_counts_the_files():
+    """examples/configs/README.md's task table has one row per folder, and its file count is the tree's."""
+    configs = ROOT / "examples" / "configs"
+    page = (configs / "README.md").read_text()
+    folders = sorted(p.name for p in configs.iterdir() if p.is_dir() and not p.name.startswith(("_", ".")))
+    rows = sorted(re.findall(r"^\| `([\w-]+)` \| \d+ \|", page, re.M))
+    assert rows == folders
+    count = len(list(configs.glob("*/*.yaml")))
+    assert f"All {count} files" in page, f"examples/configs/README.md should say 'All {count} files'"
