@@ -139,3 +139,11 @@ def test_the_example_configs_page_lists_every_folder_and_counts_the_files():
     assert rows == folders
     count = len(list(configs.glob("*/*.yaml")))
     assert f"All {count} files" in page, f"examples/configs/README.md should say 'All {count} files'"
+
+
+def test_the_benchmarks_page_names_every_script():
+    """CONTRIBUTING.md sends readers to benchmarks/README.md for every benchmark: each file there is named on it."""
+    bench = ROOT / "benchmarks"
+    page = (bench / "README.md").read_text()
+    files = sorted(p.name for p in bench.iterdir() if p.suffix in (".py", ".sh", ".txt"))
+    assert [name for name in files if name not in page] == []
