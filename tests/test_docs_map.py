@@ -147,3 +147,24 @@ def test_the_benchmarks_page_names_every_script():
     page = (bench / "README.md").read_text()
     files = sorted(p.name for p in bench.iterdir() if p.suffix in (".py", ".sh", ".txt"))
     assert [name for name in files if name not in page] == []
+
+
+def missing_tests(text: str) -> list[str]:
+    """`tests/test_x.py::test_y` references whose file or test function is not there."""
+    missing = []
+    for file, name in re.findall(r"(tests/test_\w+\.py)::(\w+)", text):
+        path = ROOT / file
+        if not path.exists() or not re.search(rf"^\s*(async )?def {name}\b", path.read_text(), re.M):
+            missing.append(f"{file}::{name}")
+    return missing
+
+
+def test_every_named_test_exists():
+    found = {str(p.relative_to(ROOT)): missing_tests(p.read_text()) for p in doc_files()}
+    assert {doc: tests for doc, tests in found.items() if tests} == {}
+
+
+def test_the_test_check_finds_a_renamed_test():
+    text = "`tests/test_docs_map.py::test_every_named_test_exists`, "
+    text += "`tests/test_docs_map.py::test_gone`, `tests/test_x.py::t`"
+    assert missing_tests(text) == ["tests/test_docs_map.py::test_gone", "tests/test_x.py::t"]
