@@ -168,3 +168,12 @@ def test_the_test_check_finds_a_renamed_test():
     text = "`tests/test_docs_map.py::test_every_named_test_exists`, "
     text += "`tests/test_docs_map.py::test_gone`, `tests/test_x.py::t`"
     assert missing_tests(text) == ["tests/test_docs_map.py::test_gone", "tests/test_x.py::t"]
+
+
+def test_the_index_links_every_page():
+    """docs/index.md is the way in: every page of docs/ is linked from it."""
+    docs = ROOT / "docs"
+    index = (docs / "index.md").read_text()
+    linked = {(docs / t.partition("#")[0]).resolve() for t in re.findall(r"\]\(([^)\s#]+)(?:#[^)]*)?\)", index)}
+    pages = [p for p in docs.rglob("*.md") if p.name != "index.md"]
+    assert sorted(str(p.relative_to(docs)) for p in pages if p.resolve() not in linked) == []
