@@ -2,7 +2,7 @@
 
 Nothing here talks to a game server: a world is a dict of occupied cells, small enough to deep-copy per episode.
 Coordinates are Minecraft-like: x grows to the right, y grows upwards (layers), z grows towards the viewer.
-``building.py`` holds the rules (commands, reward, feedback) on top of this module.
+The ``building/`` package holds the rules (commands, reward, feedback) on top of this module.
 """
 
 from __future__ import annotations
