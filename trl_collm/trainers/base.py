@@ -25,6 +25,7 @@ from ..numerics import NonFiniteSteps
 from ..rollout import Rollout, run_episodes
 from ..team import saved
 from ..team.assembly import TeamModel, build_team, resolve_agent_names
+from ..team.autocast_cache import cache_frozen_linears
 from . import checkpoints, distributed, evaluation, hub
 from .batches import DataPasses, rollout_loader, set_batch_sizes
 from .console import ConsoleCallback, PhaseClock, TimedSampler
@@ -93,6 +94,11 @@ class TeamTrainerBase(TeamUpdates, _BaseTrainer):
             optimizers=optimizers,
         )
         self.team, self.critic = team, critic
+        if args.bf16 and self.accelerator.device.type == "cpu":
+            # CPU bf16 autocast casts a frozen weight again at every call; one bf16 copy each instead (same numbers)
+            for module in (team, critic, *(r for r in team._refs.values() if r is not None)):
+                if isinstance(module, torch.nn.Module):
+                    cache_frozen_linears(module)
         # transformers' printers show every key as a string; ours one line of a few numbers with progress and ETA
         for printer in (PrinterCallback, ProgressCallback):
             self.remove_callback(printer)
