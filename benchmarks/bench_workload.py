@@ -190,7 +190,7 @@ def main():
             out = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=tree)
             line = next((x for x in out.stdout.splitlines() if x.startswith("RESULT ")), None)
             if line is None:
-                sys.exit(f"measurement failed in {tree} ({compute}):\n{out.stderr[-3000:]}")
+                sys.exit(f"measurement failed in {tree} ({compute}), exit code {out.returncode}:\n{out.stderr[-3000:]}")
             got[(tree, compute)].append(json.loads(line[len("RESULT ") :]))
             ms = got[(tree, compute)][-1]["ms_per_token"]
             print(f"round {r + 1}: {tree} {compute}: {ms['total']:.1f} CPU ms per generated token", flush=True)
