@@ -127,7 +127,8 @@ def child(opts) -> dict:
             timer.reset()
             batch_rows = rows[i * per_iter : (i + 1) * per_iter]
             c0 = time.process_time()
-            trainer.training_iteration(batch_rows)
+            with trainer.accelerator.autocast():  # as train() runs each iteration: bf16 autocast when bf16=True
+                trainer.training_iteration(batch_rows)
             total = time.process_time() - c0
             roll = timer.last_rollout
             made = int(sum(int(turn[a].gen.response_mask.sum()) for turn in roll.turns for a in roll.agent_names))
