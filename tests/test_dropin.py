@@ -7,6 +7,7 @@ and the `generate_completions()` printout.
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import re
@@ -124,8 +125,10 @@ def _run_script(assets, output_dir: Path, extra: list[str]) -> subprocess.Comple
         "none",
         "--num_sample_generations",
         "0",
-        "--save_strategy",
-        "no",
+        "--save_strategy",  # the last iteration's checkpoint carries trainer_state.json: every logged key
+        "steps",
+        "--save_steps",
+        "4",
         "--logging_steps",
         "1",
         *extra,
@@ -144,11 +147,16 @@ def _run_script(assets, output_dir: Path, extra: list[str]) -> subprocess.Comple
     )
 
 
-def _check_log(log: str):
-    missing = [m for m in TRL_PPO_METRICS if f"'{m}':" not in log]
-    assert not missing, f"TRL PPO metric names missing from the log: {missing}\n{log[-4000:]}"
+def _check_log(log: str, output_dir: Path):
+    """TRL PPO's metric names in every logged iteration (trainer_state.json's log_history, as transformers writes it),
+    one console line per iteration, and the completions printed after training."""
+    (state,) = glob.glob(str(output_dir / "checkpoint-*" / "trainer_state.json"))
+    history = [h for h in json.loads(Path(state).read_text())["log_history"] if "objective/kl" in h]
     # total_episodes / (per_device_train_batch_size * grad_acc * num_mini_batches) = 8 / 2 = 4 logged iterations.
-    assert len(re.findall(r"'objective/kl':", log)) == 4, log[-4000:]
+    assert len(history) == 4, history
+    missing = [m for m in TRL_PPO_METRICS if any(m not in h for h in history)]
+    assert not missing, f"TRL PPO metric names missing from the logs: {missing}\n{history[-1]}"
+    assert len(re.findall(r"^iteration [1-4]/4 ", log, flags=re.M)) == 4, log[-4000:]  # the console line
     # generate_completions() ran on the eval (test) split after training: one printed episode per test prompt.
     completions = re.findall(r"^-- episode \d+ turn 0 reward", log, flags=re.M)
     assert len(completions) == len(TEST_PROMPTS), log[-4000:]
@@ -165,7 +173,7 @@ def test_trl_ppo_script_full_finetune(assets, tmp_path):
     out = tmp_path / "out"
     proc = _run_script(assets, out, [])
     assert proc.returncode == 0, proc.stdout[-6000:]
-    _check_log(proc.stdout)
+    _check_log(proc.stdout, out)
 
     # The policy is saved at the output_dir root, as TRL's save_model did, and reloads as a plain causal LM.
     assert (out / "config.json").is_file() and (out / "model.safetensors").is_file(), sorted(os.listdir(out))
@@ -192,7 +200,7 @@ def test_trl_ppo_script_lora(assets, tmp_path):
     out = tmp_path / "out"
     proc = _run_script(assets, out, LORA_FLAGS)
     assert proc.returncode == 0, proc.stdout[-6000:]
-    _check_log(proc.stdout)
+    _check_log(proc.stdout, out)
 
     # With PEFT the output_dir root holds the adapter (as TRL's PPO saved it), loadable on the SFT base.
     files = sorted(os.listdir(out))
@@ -235,6 +243,6 @@ def test_trl_ppo_script_with_real_tokenizer_shapes(tmp_path, family, flags):
     out = tmp_path / "out"
     proc = _run_script(assets, out, flags)
     assert proc.returncode == 0, proc.stdout[-6000:]
-    _check_log(proc.stdout)
+    _check_log(proc.stdout, out)
     saved = AutoTokenizer.from_pretrained(out)
     assert saved.pad_token == "[PAD]" and saved.pad_token_id == len(base)  # the script's tokenizer is what was saved

@@ -9,6 +9,7 @@ import torch
 from trl_collm.team import prefix
 from trl_collm.team.modeling import left_pad
 from trl_collm.team.prefix import position_ids_from_mask
+from trl_collm.trainers.console import is_wall_clock
 
 INSTRUCTION = list(range(40, 70))  # 30 tokens every row starts with
 
@@ -318,7 +319,7 @@ def test_training_with_a_shared_prefix_matches_training_without(
     assert used_off == 0 and used_on > 0
     assert len(hist_on) == len(hist_off) == 2
     for h_on, h_off in zip(hist_on, hist_off):
-        numeric = [k for k, v in h_off.items() if isinstance(v, float) and "time" not in k and "per_second" not in k]
+        numeric = [k for k, v in h_off.items() if isinstance(v, float) and not is_wall_clock(k)]
         assert len(numeric) > 5
         for k in numeric:
             if "clipfrac" in k:

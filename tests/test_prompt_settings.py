@@ -41,16 +41,24 @@ class ChatEnv(MultiAgentEnv):
         return StepResult(reward=reward, observations=obs, done=self.t >= 2)
 
 
-register_task(
-    TaskSpec(
-        name="prompt-record-test",
-        description="two agents, two chat turns (tests/test_prompt_settings.py)",
-        agent_names=NAMES,
-        num_turns=2,
-        make_env=ChatEnv,
-        load_dataset=lambda split="train", limit=None: Dataset.from_list(ROWS[:limit]),
+@pytest.fixture(scope="module", autouse=True)
+def prompt_record_task():
+    """The test's task, registered for this module only: a task left in the registry would show in other tests'
+    task listings (`trl-collm tasks`, the catalogue) that run in the same worker."""
+    from trl_collm import tasks
+
+    spec = register_task(
+        TaskSpec(
+            name="prompt-record-test",
+            description="two agents, two chat turns (tests/test_prompt_settings.py)",
+            agent_names=NAMES,
+            num_turns=2,
+            make_env=ChatEnv,
+            load_dataset=lambda split="train", limit=None: Dataset.from_list(ROWS[:limit]),
+        )
     )
-)
+    yield spec
+    tasks._REGISTRY.pop(spec.name, None)
 
 
 @pytest.fixture(scope="module")

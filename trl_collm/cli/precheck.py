@@ -103,12 +103,29 @@ def check_task_name(name: str) -> None:
     )
 
 
+def _agent_models(argv: list[str], config: dict) -> list[str]:
+    """`--agent_models A B ...` (every value up to the next flag) or the config's list."""
+    values = config.get("agent_models") or []
+    values = [values] if isinstance(values, str) else list(values)
+    for i, a in enumerate(argv):
+        if a == "--agent_models":
+            values = []
+            for v in argv[i + 1 :]:
+                if v.startswith("--"):
+                    break
+                values.append(v)
+    return [v for v in values if isinstance(v, str)]
+
+
 def precheck(kind: str, argv: list[str], help_file_of) -> None:
     """Everything `train` can check before its parser is built. `help_file_of(kind)` names the kept --help text."""
     path, config = read_config(argv)
     model = flag_value(argv, "model_name_or_path", config)
     if isinstance(model, str) and model != TINY:
         check_model_path(model, "--model_name_or_path")
+    for agent_model in _agent_models(argv, config):  # each one, before the first (`tiny`) is built
+        if agent_model != TINY:
+            check_model_path(agent_model, "--agent_models")
     names = _kept_names(help_file_of(kind))
     other = _kept_names(help_file_of("mc" if kind == "ppo" else "ppo"))
     if path is not None and names is not None and other is not None:  # else the parsers' own check says it
