@@ -12,8 +12,8 @@ It prints, with a progress bar and an ETA for each phase:
 - the same held-out plays after training, the change paired play by play with its standard error, the texts again;
 - a PNG of the training curve with the held-out scores before and after (needs matplotlib: pip install -e ".[plot]").
 
-    python examples/smollm2_team.py                   # the defaults below, a few minutes on one core
-    python examples/smollm2_team.py --iterations 24   # longer: the concise writer keeps shortening
+    python examples/smollm2_team.py                   # the defaults below: ~12 min of one core (docs/models.md)
+    python examples/smollm2_team.py --iterations 6    # half the training, for a first look
     python examples/smollm2_team.py --threads 2       # more torch threads (default: 1, or OMP_NUM_THREADS)
 
 Threads: one by default, as the `trl-collm` CLI does: on a shared machine extra threads spin-wait for cores that
