@@ -12,7 +12,7 @@ It prints, with a progress bar and an ETA for each phase:
 - the same held-out plays after training, the change paired play by play with its standard error, the texts again;
 - a PNG of the training curve with the held-out scores before and after (needs matplotlib: pip install -e ".[plot]").
 
-    python examples/smollm2_team.py                   # the defaults below: ~12 min of one core (docs/models.md)
+    python examples/smollm2_team.py                   # the defaults below: under 10 min of one core (docs/models.md)
     python examples/smollm2_team.py --iterations 6    # half the training, for a first look
     python examples/smollm2_team.py --threads 2       # more torch threads (default: 1, or OMP_NUM_THREADS)
 

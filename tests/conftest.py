@@ -116,3 +116,24 @@ def make_config():
         return MultiAgentPPOConfig(**kwargs)
 
     return _make
+
+
+# The fast suite (`pytest -m "not slow"`, CONTRIBUTING.md) leaves out, besides the files marked slow themselves
+# (real model, DeepSpeed, vLLM): every test that loads the real model (it asks for its fixture), and the files
+# that launch scripts or several processes - each of these costs tens of seconds to minutes.
+SLOW_FILES = frozenset(
+    {
+        "test_benchmarks_smoke.py",  # each benchmark script in a subprocess
+        "test_deepspeed_kill.py",  # 2-process DeepSpeed runs killed inside a save
+        "test_dropin.py",  # TRL's PPO script in subprocesses
+        "test_multinode.py",  # 2 accelerate machines on loopback
+        "test_resume.py",  # a run killed in a subprocess and resumed
+    }
+)
+REAL_MODEL_FIXTURES = frozenset({"smollm2_path", "smollm2_name"})
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.name in SLOW_FILES or REAL_MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
