@@ -8,18 +8,9 @@ import json
 import os
 from types import SimpleNamespace
 
-from test_cli_usability import _fake_team
+from test_cli_usability import _fake_team, _one_line_error
 
 from trl_collm.cli import main
-
-
-def _one_line_error(capsys, argv) -> str:
-    capsys.readouterr()
-    assert main(argv) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("trl-collm: error: ") and "\n" not in err, err[-3000:]
-    return err
-
 
 # ---------------------------------------------------------------------------------------------------------------
 # 4. a team that remembers its task

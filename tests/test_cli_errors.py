@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from test_cli_usability import _fake_team
+from test_cli_usability import _fake_team, _one_line_error
 
 from trl_collm.cli import UsageError, main
 
@@ -20,14 +20,6 @@ from hang_guard import HANG_GUARD_S
 
 ROOT = Path(__file__).resolve().parents[1]
 CC_CPU = str(ROOT / "examples" / "configs" / "coord-penalty" / "cc-cpu.yaml")
-
-
-def _one_line_error(capsys, argv) -> str:
-    capsys.readouterr()
-    assert main(argv) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("trl-collm: error: ") and "\n" not in err, err[-3000:]
-    return err
 
 
 @pytest.fixture
