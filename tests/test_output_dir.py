@@ -13,18 +13,12 @@ import subprocess
 import sys
 
 import pytest
+from test_numerics import _trained_checkpoint, ok_reward  # one run that leaves a checkpoint
 
 from trl_collm import MultiAgentPPOTrainer
 from trl_collm.trainers import checkpoints
 
 from hang_guard import HANG_GUARD_S
-
-
-def ok_reward(prompts, completions, **kwargs):
-    # completions[e] lists episode e's texts, one per agent: score the texts themselves (the agents' count
-    # would give every episode the same reward)
-    return [float(len(c[0]) % 3) - float(len(c[-1]) % 2) for c in completions]
-
 
 # ---------------------------------------------------------------------------------------------------------------
 # one run per output_dir, writable before training, nothing deleted before the checks
@@ -47,15 +41,6 @@ def _holder_process(out) -> subprocess.Popen:
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "held"
     return proc
-
-
-def _trained_checkpoint(tmp_path, make_config, prompts_dataset, qwen_path, **cfg):
-    args = make_config(tmp_path, num_agents=2, save_strategy="steps", save_steps=1, **cfg)
-    tr = MultiAgentPPOTrainer(args=args, model=qwen_path, train_dataset=prompts_dataset, reward_funcs=ok_reward)
-    tr.train()
-    found = checkpoints.complete_checkpoints(str(tmp_path / "out"))
-    assert found
-    return args, found[-1]
 
 
 def test_second_run_into_a_busy_output_dir_is_refused_then_a_crashed_holder_is_taken_over(
