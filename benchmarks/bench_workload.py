@@ -41,40 +41,29 @@ def _model_path() -> str:
 
 
 def _trainer(workload: str, batch: int, tokens: int, bf16: bool, out_dir: str):
+    """The workload's trainer, configured by warm_findings.method_config (the tables' own settings: PPO 1 epoch, no
+    KL; MC G = 4), with the benchmark's overrides: its dtype, and a stop id outside the vocabulary."""
     from peft import LoraConfig
     from transformers import AutoTokenizer
 
-    from trl_collm import MultiAgentMCConfig, MultiAgentMCTrainer, MultiAgentPPOConfig, MultiAgentPPOTrainer
     from trl_collm.tasks import get_task
+
+    sys.path.insert(0, HERE)
+    from warm_findings import method_config
 
     task = get_task("writing-summary")
     path = _model_path()
-    common = dict(
-        output_dir=out_dir,
-        agent_names=task.agent_names,
-        learning_rate=1e-3,
-        response_length=tokens,
-        stop_token_id=len(AutoTokenizer.from_pretrained(path)),  # never sampled: every text runs to `tokens`
-        temperature=1.0,
-        logging_steps=10**6,
-        save_strategy="no",
-        report_to=[],
-        num_sample_generations=0,
-        use_cpu=True,
-        bf16=bf16,
+    budget = dict(budget=100 * batch, batch=batch, response_length=tokens)
+    args, cls = method_config(
+        workload,
+        task,
+        budget,
+        lr=1e-3,
         seed=0,
-        disable_tqdm=True,
+        output_dir=out_dir,
+        bf16=bf16,
+        stop_token_id=len(AutoTokenizer.from_pretrained(path)),  # never sampled: every text runs to `tokens`
     )
-    if workload == "mc":
-        args = MultiAgentMCConfig(**common, num_generations=4, per_device_train_batch_size=max(1, batch // 4))
-        cls = MultiAgentMCTrainer
-    else:
-        critic = "centralized" if workload == "cc" else "decentralized"
-        args = MultiAgentPPOConfig(
-            **common, critic_type=critic, kl_coef=0.0, num_ppo_epochs=1, per_device_train_batch_size=batch
-        )
-        cls = MultiAgentPPOTrainer
-    args.total_episodes = 100 * batch
     trainer = cls(
         args=args,
         model=path,

@@ -106,8 +106,8 @@ def evaluate(task_name, model, s, **kwargs) -> dict:
 def method_config(method: str, task, s: dict, lr: float, seed: int, output_dir: str, **extra):
     """(config, trainer class) of one method on an equal env-step budget (`s`: budget, batch, response_length): PPO
     (CC / DC: 1 epoch, no KL) or MC (G = 4, per_branch, so a T-turn prompt costs G x T env steps). Shared with
-    real_findings.py, so both tables train the methods the same way; `extra` sets what does not change the learning
-    (checkpointing)."""
+    real_findings.py and bench_workload.py, so all three train the methods the same way; `extra` overrides settings
+    that are not the method (checkpointing, the compute dtype, a benchmark's stop token)."""
     from trl_collm import MultiAgentMCConfig, MultiAgentMCTrainer, MultiAgentPPOConfig, MultiAgentPPOTrainer
 
     turns = task.num_turns
