@@ -393,6 +393,20 @@ def load_runs(out_dir, task, unfinished: bool = False) -> list[dict]:
     return runs
 
 
+SIZE_KEYS = ("budget", "batch", "response_length", "compute")
+
+
+def sweep_runs(out_dir, task, s: dict, unfinished: bool = False) -> list[dict]:
+    """The runs of this table's size (budget, batch, response length, compute), at every rate run so far: the data
+    folder also keeps earlier tables' runs (other budgets), which must neither fill this table nor choose its rates
+    (the sweep once ran CC's other seeds at a rate chosen from a run of half the budget)."""
+
+    def same_size(r):
+        return all(r.get(k, "fp32" if k == "compute" else None) == s[k] for k in SIZE_KEYS)
+
+    return [r for r in load_runs(out_dir, task, unfinished) if same_size(r)]
+
+
 def choose_rates(runs, methods, sweep_seed) -> dict:
     """Per method, the rate with the best final training return on the sweep seed (among the rates run so far)."""
     chosen = {}
@@ -461,13 +475,8 @@ def report(task, out_dir, png_prefix, s, sweep_seed) -> str:
     and the learning-curve figure."""
     path = start_path(out_dir, task, s)
     start = json.load(open(path)) if os.path.exists(path) else None
-    size = ("budget", "batch", "response_length", "compute")
-
-    def same_size(r):
-        return all(r.get(k, "fp32" if k == "compute" else None) == s[k] for k in size)
-
-    runs = [r for r in load_runs(out_dir, task) if same_size(r)]
-    stopped = [r for r in load_runs(out_dir, task, unfinished=True) if same_size(r)]
+    runs = sweep_runs(out_dir, task, s)
+    stopped = sweep_runs(out_dir, task, s, unfinished=True)
     chosen = choose_rates(runs, s["methods"], sweep_seed)
     mine = [r for r in runs if r["lr"] == chosen.get(r["method"])]
     lines = [f"## {task}: {s['describe']}", "", f"training compute: {s['compute']} (held-out plays: float32)"]
@@ -664,7 +673,10 @@ def main():
     with concurrent.futures.ThreadPoolExecutor(max_workers=a.jobs) as pool:
         list(pool.map(launch, first))
     # 2) the other seeds at each method's chosen rate
-    chosen = choose_rates(load_runs(out_dir, a.task), s["methods"], a.sweep_seed)
+    chosen = choose_rates(sweep_runs(out_dir, a.task, s), s["methods"], a.sweep_seed)
+    for m in s["methods"]:
+        if m not in chosen:  # its sweep-seed runs failed (their logs say why): no rate to run the other seeds at
+            print(f"  {m}: no finished run on the sweep seed {a.sweep_seed}; its other seeds wait for one", flush=True)
     rest = [(m, seed, chosen[m]) for seed in s["seeds"] if seed != a.sweep_seed for m in chosen]
     with concurrent.futures.ThreadPoolExecutor(max_workers=a.jobs) as pool:
         list(pool.map(launch, rest))

@@ -201,3 +201,19 @@ def test_paired_change_is_measured_play_by_play_and_judged_against_the_noise():
     assert "NOT beyond noise" in line
     (line,) = real_findings.paired_lines([dict(run, eval=mixed)], before, [])
     assert "NOT beyond noise" in line and "not measured" in line
+
+
+def test_rates_are_chosen_from_runs_of_this_tables_size_only(tmp_path):
+    """A finished run of another budget (an earlier table's, kept in the same folder) must not choose a rate: the
+    sweep then has none for that method, rather than running its other seeds at the old table's rate."""
+    s = real_findings.settings("writing-summary", budget=16, batch=4)
+    (tmp_path / "writing-summary").mkdir()
+    old = dict(_run("cc", 0, 1e-3, [(8, 0.5), (16, 1.5)], 1.4), budget=8)
+    mine = _run("mc", 0, 3e-3, [(8, 0.5), (16, 0.9)], 0.9)
+    for r in (old, mine):
+        size = dict(s, budget=r["budget"])
+        with open(real_findings.run_path(str(tmp_path), r["task"], r["method"], 0, r["lr"], size), "w") as f:
+            json.dump(r, f)
+    assert len(real_findings.load_runs(str(tmp_path), "writing-summary")) == 2
+    runs = real_findings.sweep_runs(str(tmp_path), "writing-summary", s)
+    assert real_findings.choose_rates(runs, ("cc", "mc"), 0) == {"mc": 3e-3}
