@@ -72,7 +72,8 @@ def test_per_agent_scores_each_agent_text_with_a_grpo_function():
 
 
 def test_help_is_grouped_hides_refused_fields_and_is_kept(tmp_path):
-    env = dict(os.environ, PYTHONPATH=str(ROOT), TRL_COLLM_CACHE=str(tmp_path))
+    # the user's kept copy (the shipped texts, which a fresh install reads first, are tests/test_cli_help_texts.py's)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TRL_COLLM_CACHE=str(tmp_path), TRL_COLLM_NO_SHIPPED_HELP="1")
     code = "import sys; from trl_collm.cli import main; main(['ppo', '--help']); print('torch' in sys.modules)"
     runs = [
         subprocess.run(

@@ -184,9 +184,12 @@ def _check_model_args(model_args) -> None:
         )
 
 
-def _help_cache_file(kind: str) -> str:
-    """Where `trl-collm KIND --help` is kept, keyed by the package versions and the files that define the options:
-    building the parser imports transformers and torch (seconds), reading the kept text does not."""
+SHIPPED_HELP_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "help_texts")
+
+
+def _help_key(kind: str) -> str:
+    """The name of `trl-collm KIND --help`'s kept text: keyed by the trl / transformers versions and the contents of
+    the files that define the options, so that a text is only ever read back for the parser it came from."""
     import hashlib
     from importlib.metadata import PackageNotFoundError, version
 
@@ -198,12 +201,29 @@ def _help_cache_file(kind: str) -> str:
         except PackageNotFoundError:
             key.append("-")
     options = ("cli/__init__.py", "cli/common.py", "trainers/team_config.py", f"trainers/{kind}_config.py")
+    digest = hashlib.sha256("|".join(key).encode())
     for rel in (*options, "trainers/supported_args.py"):
-        st = os.stat(os.path.join(here, rel))
-        key.append(f"{rel}:{st.st_size}:{st.st_mtime_ns}")
-    digest = hashlib.sha256("|".join(key).encode()).hexdigest()[:16]
+        with open(os.path.join(here, rel), "rb") as f:
+            digest.update(rel.encode() + b"\0" + hashlib.sha256(f.read()).digest())
+    return f"{kind}-{digest.hexdigest()[:16]}.txt"
+
+
+def _help_cache_file(kind: str) -> str:
+    """Where this user's `trl-collm KIND --help` is kept (written by the first parser build). Building the parser
+    imports transformers and torch (seconds; over a minute on a cold, busy machine), reading the text does not."""
     root = os.environ.get("TRL_COLLM_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "trl_collm")
-    return os.path.join(root, "help", f"{kind}-{digest}.txt")
+    return os.path.join(root, "help", _help_key(kind))
+
+
+def _help_file(kind: str) -> str:
+    """The kept text to read: this user's, else the one shipped in the package for the same key (written by
+    tools/ship_help_texts.py, so a fresh install's first --help and config-key check skip the heavy imports too),
+    else the user's path (absent: the parser gets built)."""
+    mine = _help_cache_file(kind)
+    shipped = os.path.join(SHIPPED_HELP_DIR, _help_key(kind))
+    if not os.path.isfile(mine) and os.path.isfile(shipped) and not os.environ.get("TRL_COLLM_NO_SHIPPED_HELP"):
+        return shipped
+    return mine
 
 
 def _keep_parser(kind: str, parser=None) -> str:
@@ -225,13 +245,13 @@ def _keep_parser(kind: str, parser=None) -> str:
 def _keep_both(kind: str, parser) -> None:
     _keep_parser(kind, parser)
     twin = "mc" if kind == "ppo" else "ppo"
-    if not os.path.isfile(_help_cache_file(twin)):
+    if not os.path.isfile(_help_file(twin)):
         _keep_parser(twin)
 
 
 def _print_help(kind: str) -> None:
     try:
-        with open(_help_cache_file(kind)) as f:
+        with open(_help_file(kind)) as f:
             text = f.read()
     except OSError:
         parser = _train_parser(kind, _config_cls(kind))
@@ -254,7 +274,7 @@ def train(kind: str, argv: list[str]) -> str | None:
     if "-h" in argv or "--help" in argv:
         _print_help(kind)
         return None
-    precheck(kind, argv, _help_cache_file)  # before the parser: building it imports transformers and torch
+    precheck(kind, argv, _help_file)  # before the parser: building it imports transformers and torch
     parser = _train_parser(kind, _config_cls(kind))
     _keep_both(kind, parser)
     _check_config_keys(kind, argv, parser)
