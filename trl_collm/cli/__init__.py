@@ -208,19 +208,21 @@ def _help_key(kind: str) -> str:
     return f"{kind}-{digest.hexdigest()[:16]}.txt"
 
 
-def _help_cache_file(kind: str) -> str:
-    """Where this user's `trl-collm KIND --help` is kept (written by the first parser build). Building the parser
-    imports transformers and torch (seconds; over a minute on a cold, busy machine), reading the text does not."""
+def _help_cache_file(kind: str, key: str | None = None) -> str:
+    """Where this user's `trl-collm KIND --help` is kept (written by the first parser build; `key`: its
+    `_help_key`, when already computed). Building the parser imports transformers and torch (seconds; over a minute
+    on a cold, busy machine), reading the text does not."""
     root = os.environ.get("TRL_COLLM_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "trl_collm")
-    return os.path.join(root, "help", _help_key(kind))
+    return os.path.join(root, "help", key or _help_key(kind))
 
 
 def _help_file(kind: str) -> str:
     """The kept text to read: this user's, else the one shipped in the package for the same key (written by
     tools/ship_help_texts.py, so a fresh install's first --help and config-key check skip the heavy imports too),
     else the user's path (absent: the parser gets built)."""
-    mine = _help_cache_file(kind)
-    shipped = os.path.join(SHIPPED_HELP_DIR, _help_key(kind))
+    key = _help_key(kind)  # reads and hashes the option files: once per call
+    mine = _help_cache_file(kind, key)
+    shipped = os.path.join(SHIPPED_HELP_DIR, key)
     if not os.path.isfile(mine) and os.path.isfile(shipped) and not os.environ.get("TRL_COLLM_NO_SHIPPED_HELP"):
         return shipped
     return mine
