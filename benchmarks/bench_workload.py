@@ -106,10 +106,20 @@ def child(opts) -> dict:
     sys.path.insert(0, HERE)
     from bench_iteration import PhaseTimer
 
-    bf16 = opts.compute == "bf16"
+    (compute,) = opts.compute  # the parent passes one; `--compute` is a list (a list never equals "bf16")
+    bf16 = compute == "bf16"
     with tempfile.TemporaryDirectory(prefix="bench-workload-") as out_dir:
         trainer, rows = _trainer(opts.workload, opts.batch, opts.response_length, bf16, out_dir)
         timer = PhaseTimer(trainer, "cpu")
+        autocast_seen = set()  # what the update really ran under: the measurement's label is checked against it
+        update = trainer.update
+
+        def update_seen(*args, **kwargs):
+            on = torch.is_autocast_enabled("cpu")
+            autocast_seen.add(str(torch.get_autocast_dtype("cpu")).replace("torch.", "") if on else "off")
+            return update(*args, **kwargs)
+
+        trainer.update = update_seen
         per_iter = trainer.args.per_device_train_batch_size
         results = []
         for i in range(opts.warmup + opts.iterations):
@@ -129,7 +139,7 @@ def child(opts) -> dict:
                 )
     ms = {k: statistics.median(1000 * r.get(k, 0.0) / r["tokens"] for r in results) for k in PHASES}
     ms["generate"] = statistics.median(1000 * r["gen_cpu"] / r["gen_tokens"] for r in results)
-    return dict(ms_per_token=ms, tokens=results[0]["tokens"])
+    return dict(ms_per_token=ms, tokens=results[0]["tokens"], autocast=sorted(autocast_seen))
 
 
 PHASES = ("total", "rollout", "score_rollout", "update")
@@ -181,13 +191,25 @@ def main():
             line = next((x for x in out.stdout.splitlines() if x.startswith("RESULT ")), None)
             if line is None:
                 sys.exit(f"measurement failed in {tree} ({compute}), exit code {out.returncode}:\n{out.stderr[-3000:]}")
-            got[(tree, compute)].append(json.loads(line[len("RESULT ") :]))
+            result = json.loads(line[len("RESULT ") :])
+            expected = ["bfloat16"] if compute == "bf16" else ["off"]
+            if result.get("autocast") != expected:  # a label that does not say what ran is worse than no figure
+                sys.exit(f"the {compute} measurement in {tree} updated under autocast {result.get('autocast')}")
+            got[(tree, compute)].append(result)
             ms = got[(tree, compute)][-1]["ms_per_token"]
             print(f"round {r + 1}: {tree} {compute}: {ms['total']:.1f} CPU ms per generated token", flush=True)
     rows = []
     for tree, compute in pairs:
         med = {k: statistics.median(g["ms_per_token"][k] for g in got[(tree, compute)]) for k in (*PHASES, "generate")}
-        rows.append(dict(tree=tree, compute=compute, ms_per_token=med, rounds=len(got[(tree, compute)])))
+        rows.append(
+            dict(
+                tree=tree,
+                compute=compute,
+                autocast=got[(tree, compute)][0]["autocast"],
+                ms_per_token=med,
+                rounds=len(got[(tree, compute)]),
+            )
+        )
     base = rows[0]["ms_per_token"]["total"]
     print(
         f"\n{opts.workload.upper()} workload: batch {opts.batch}, {opts.response_length} tokens, one thread; "
