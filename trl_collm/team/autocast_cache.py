@@ -3,10 +3,15 @@
 Why: under `torch.autocast("cpu", dtype=torch.bfloat16)` every `F.linear` casts its float32 weight to bf16 before the
 matmul. Autocast caches that cast only for leaf tensors that require grad, so the frozen base of a LoRA team (and
 a frozen critic base) is cast again at every call: at each decoding step all 135M base weights of SmolLM2 are read
-as float32 and written as bf16 before any arithmetic, which ate the whole gain of bf16 matmuls (a CC iteration ran
-at 0.95x of float32, measured by benchmarks/bench_workload.py). Keeping one bf16 copy per frozen weight gives the
-same bf16 matmul autocast would run (the same cast of the same values: results are bitwise those of plain autocast)
-without the per-call cast. Outside autocast, and for weights that train, nothing changes.
+as float32 and written as bf16 before any arithmetic. Keeping one bf16 copy per frozen weight gives the same bf16
+matmul autocast would run (the same cast of the same values: results are bitwise those of plain autocast) without
+the per-call cast. Outside autocast, and for weights that train, nothing changes.
+
+What it buys, measured (benchmarks/bench_workload.py, issue 28's CC workload, idle machine, docs/benchmarks.md):
+little. A bf16 iteration costs the same with and without the copies (46.9 vs 46.5 CPU ms per generated token); the
+rollout 13.9 vs 14.8 and a bare generate() 15.7 vs 17.8 in one round, so at most a small gain while sampling. (It
+was added on a measurement that later proved to be float32 under both labels.) It costs a bf16 copy of the frozen
+weights (half their float32 size).
 """
 
 from __future__ import annotations
