@@ -11,8 +11,10 @@ export OMP_NUM_THREADS=4
 # Part 2: the writing table, CC / DC / MC x 3 seeds, both rates, the starting model re-sampled.
 python benchmarks/real_findings.py writing-summary --jobs 4 --resample-seeds 1235 1236 \
   --out-dir "$out" --png-prefix "$out/real_findings"
-# Part 4: the multi-turn task (2 turns, test feedback, the reward mostly at the end), CC vs MC x 3 seeds, at 128
-# env steps; it needs bubblewrap for the sandbox.
+# Part 4: the multi-turn tasks, the reward at the end: writing-revise (a draft, then a revision; CC / DC / MC x 3
+# seeds) and code-humaneval (2 turns, test feedback; CC vs MC x 3 seeds at 128 env steps; needs bubblewrap).
+python benchmarks/real_findings.py writing-revise --jobs 4 --resample-seeds 1235 1236 \
+  --out-dir "$out" --png-prefix "$out/real_findings"
 if command -v bwrap >/dev/null; then
   python benchmarks/real_findings.py code-humaneval --jobs 4 --seeds 0 1 2 --budget 128 \
     --out-dir "$out" --png-prefix "$out/real_findings"

@@ -1,5 +1,6 @@
 """The paper's tasks learned by a real model: LoRA teams of SmolLM2-135M-Instruct (trl_collm.team.pretrained) on
-writing-summary (the paper's TLDR task: CC vs DC vs MC) and code-humaneval (2 turns, sandbox on: CC vs MC).
+writing-summary (the paper's TLDR task: CC vs DC vs MC), writing-revise (the same over 2 turns, a draft then a revision,
+the reward at the end: where a critic should matter) and code-humaneval (2 turns, sandbox on: CC vs MC).
 
 Every method trains LoRA adapters (one per agent, plus the critic's for CC/DC) on the same shared base, from the
 same model, at the same environment-step budget (one env step = one joint action scored by the env; an MC prompt
@@ -9,6 +10,7 @@ training return is kept, and the other seeds run at it. Before training (the sta
 plays the task's held-out rows (temperature 1, a fixed seed) and each reward level's pass rate is recorded.
 
     python benchmarks/real_findings.py writing-summary --jobs 2      # the writing table (3 methods x 3 seeds)
+    python benchmarks/real_findings.py writing-revise --jobs 2       # the 2-turn writing table (3 methods x 3 seeds)
     python benchmarks/real_findings.py code-humaneval --jobs 2       # the code table (CC vs MC, 2 seeds)
     python benchmarks/real_findings.py writing-summary --report-only # tables and figure from the runs saved so far
     python benchmarks/real_findings.py writing-summary --resample-seeds 1235 1236  # + the starting model re-sampled
@@ -62,6 +64,21 @@ TASKS = {
         max_reward=3.0,
         describe="2 writers, 1 turn, level-gated reward (length, ratio, style)",
     ),
+    # writing-summary drafted, then revised with the teammate's draft in view, paid at the end (issue 28 part 4:
+    # where the critic should matter). 256 env steps = 128 episodes of 2 turns, writing-summary's 16 iterations;
+    # one rate, the writing table's best for all three methods (3e-3).
+    "writing-revise": dict(
+        methods=("cc", "dc", "mc"),
+        seeds=(0, 1, 2),
+        budget=256,
+        batch=8,
+        response_length=96,
+        eval_limit=None,
+        eval_repeats=1,
+        lrs=(3e-3,),
+        max_reward=3.0,
+        describe="2 writers, 2 turns (draft, then revision seeing the teammate's draft), reward at the end only",
+    ),
     "code-humaneval": dict(
         methods=("cc", "mc"),
         seeds=(0, 1),
@@ -75,6 +92,7 @@ TASKS = {
         describe="aux + main, 2 turns with test feedback, level-gated reward (sandbox)",
     ),
 }
+WRITING_TASKS = ("writing-summary", "writing-revise")  # scored by writing-summary's levels
 SMOKE = dict(budget=8, batch=4, response_length=8, eval_limit=2, eval_repeats=1, seeds=(0,))
 RUNS_DIR = "outputs/real_findings"  # the runs' checkpoints (git-ignored); removed when a run has finished
 SAVE_EVERY = 4  # iterations between a run's checkpoints
@@ -116,13 +134,23 @@ def prompt_form(tokenizer, roll) -> str:
     return "chat" if "<|im_start|>" in tokenizer.decode(ids) else "plain"
 
 
+def final_texts(roll) -> list[dict]:
+    """Per episode, {agent: text} of its last turn (writing-revise's final texts; writing-summary's only ones)."""
+    last = [None] * roll.num_episodes
+    for turn in roll.turns:
+        a0 = roll.agent_names[0]
+        for k, e in enumerate(turn[a0].episode_ids.tolist()):
+            last[e] = {a: turn[a].gen.texts[k] for a in roll.agent_names}
+    return last
+
+
 def writing_levels(roll) -> list[dict]:
-    """Per episode: the three level scores of writing-summary (recomputed from the texts, as the env scores them)."""
+    """Per episode: the three level scores of its final texts (recomputed from the texts, as the env scores them)."""
     from trl_collm.tasks.writing import SUMMARY_RULES, score_pair
 
-    concise, detailed = (roll.turns[0][a].gen.texts for a in SUMMARY_RULES.parts)
+    texts = final_texts(roll)
     out = []
-    for row, c, d in zip(roll.rows, concise, detailed):
+    for row, c, d in zip(roll.rows, (t["concise"] for t in texts), (t["detailed"] for t in texts)):
         s = score_pair(c, d, row["document"], SUMMARY_RULES)
         out.append(dict(total=s.total, level1=s.level1, level2=s.level2, level3=s.level3, words=s.details["words"]))
     return out
@@ -161,7 +189,7 @@ def summarize(task: str, per_episode: list[dict], max_reward: float) -> dict:
 
     out = dict(episodes=n, return_mean=sum(e["total"] for e in per_episode) / n)
     out["score_pct"] = 100.0 * out["return_mean"] / max_reward
-    if task == "writing-summary":
+    if task in WRITING_TASKS:
         out.update(
             length_pass=rate(lambda e: e["level1"] >= 1.0),  # both parts inside their word windows
             ratio_pass=rate(lambda e: e["level2"] >= 1.0),  # ... and detailed/concise in [2, 4]
@@ -194,15 +222,13 @@ def evaluate(task: str, s: dict, team, eval_seed: int = EVAL_SEED) -> dict:
     rows = [r for r in rows for _ in range(s["eval_repeats"])]
     t0, c0 = time.time(), time.process_time()
     _, roll = rollout_team(None, rows, task=task, max_new_tokens=s["response_length"], seed=eval_seed, team=team)
-    per_episode = writing_levels(roll) if task == "writing-summary" else code_levels(roll)
+    per_episode = writing_levels(roll) if task in WRITING_TASKS else code_levels(roll)
     out = summarize(task, per_episode, s["max_reward"])
     out["plays"] = [dict(e, row=r["id"]) for e, r in zip(per_episode, rows)]  # for paired before/after changes
     out["seconds"], out["cpu_seconds"] = time.time() - t0, time.process_time() - c0
     out["eval_seed"] = eval_seed
     out["prompt_form"] = prompt_form(AutoTokenizer.from_pretrained(smollm2_135m_instruct()), roll)
-    out["examples"] = [
-        {a: roll.turns[0][a].gen.texts[i] for a in roll.agent_names} for i in range(min(SHOWN_TEXTS, roll.num_episodes))
-    ]
+    out["examples"] = final_texts(roll)[:SHOWN_TEXTS]
     return out
 
 
@@ -329,6 +355,7 @@ COLUMNS = {
         ("concise words", "concise_words", 0),
         ("detailed words", "detailed_words", 0),
     ],
+    "writing-revise": None,  # writing-summary's columns (below)
     "code-humaneval": [
         ("return (max 4)", "return_mean", 3),
         ("% of max", "score_pct", 1),
@@ -339,6 +366,7 @@ COLUMNS = {
         ("bonus (uses aux)", "bonus_pass", 2),
     ],
 }
+COLUMNS["writing-revise"] = COLUMNS["writing-summary"]
 
 
 def run_path(out_dir, task, method, seed, lr, s) -> str:

@@ -50,6 +50,14 @@ TASKS = {
         gpu_episodes=4096,
         cpu=dict(response_length=8, train_limit=8, eval_limit=4, batch=4, episodes=8, mc_batch=2, mc_episodes=4),
     ),
+    "writing-revise": dict(  # ours: writing-summary over 2 turns, paid at the end (issue 28's multi-turn task)
+        turns=2,
+        model="Qwen/Qwen3-1.7B",
+        gpu_len=256,
+        gpu_batch=8,
+        gpu_episodes=4096,
+        cpu=dict(response_length=8, train_limit=8, eval_limit=4, batch=4, episodes=8, mc_batch=2, mc_episodes=4),
+    ),
     "writing-tags": dict(  # ours, a small conditional task (docs/warm_start.md); best from a warm start
         turns=1,
         model="Qwen/Qwen3-1.7B",

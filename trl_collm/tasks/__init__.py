@@ -99,6 +99,15 @@ BUILTIN_TASKS: dict[str, tuple[str, int, int, str]] = {
             "level-gated reward, max 3."
         ),
     ),
+    "writing-revise": (
+        "writing_revise",
+        2,
+        2,
+        (
+            "writing-summary over 2 turns: the writers draft, see each other's draft and word counts, and "
+            "revise; the level-gated score (max 3) of the final texts is paid at the end only."
+        ),
+    ),
     "writing-tags": (
         "tags",
         2,
@@ -115,7 +124,7 @@ BUILTIN_TASKS: dict[str, tuple[str, int, int, str]] = {
         ),
     ),
 }
-_BUILTIN_MODULES = ("writing", "code", "building", "coordination", "tags")
+_BUILTIN_MODULES = ("writing", "writing_revise", "code", "building", "coordination", "tags")
 
 IMPORT_PATH_HELP = (
     "your own task: --task MODULE:NAME or --task path/to/file.py:NAME, where NAME is a trl_collm.tasks.TaskSpec "
