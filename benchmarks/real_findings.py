@@ -137,8 +137,8 @@ def prompt_form(tokenizer, roll) -> str:
 def final_texts(roll) -> list[dict]:
     """Per episode, {agent: text} of its last turn (writing-revise's final texts; writing-summary's only ones)."""
     last = [None] * roll.num_episodes
+    a0 = roll.agent_names[0]
     for turn in roll.turns:
-        a0 = roll.agent_names[0]
         for k, e in enumerate(turn[a0].episode_ids.tolist()):
             last[e] = {a: turn[a].gen.texts[k] for a in roll.agent_names}
     return last
@@ -148,10 +148,9 @@ def writing_levels(roll) -> list[dict]:
     """Per episode: the three level scores of its final texts (recomputed from the texts, as the env scores them)."""
     from trl_collm.tasks.writing import SUMMARY_RULES, score_pair
 
-    texts = final_texts(roll)
     out = []
-    for row, c, d in zip(roll.rows, (t["concise"] for t in texts), (t["detailed"] for t in texts)):
-        s = score_pair(c, d, row["document"], SUMMARY_RULES)
+    for row, texts in zip(roll.rows, final_texts(roll)):
+        s = score_pair(*(texts[a] for a in SUMMARY_RULES.parts), row["document"], SUMMARY_RULES)
         out.append(dict(total=s.total, level1=s.level1, level2=s.level2, level3=s.level3, words=s.details["words"]))
     return out
 
@@ -355,7 +354,6 @@ COLUMNS = {
         ("concise words", "concise_words", 0),
         ("detailed words", "detailed_words", 0),
     ],
-    "writing-revise": None,  # writing-summary's columns (below)
     "code-humaneval": [
         ("return (max 4)", "return_mean", 3),
         ("% of max", "score_pct", 1),
@@ -366,7 +364,7 @@ COLUMNS = {
         ("bonus (uses aux)", "bonus_pass", 2),
     ],
 }
-COLUMNS["writing-revise"] = COLUMNS["writing-summary"]
+COLUMNS["writing-revise"] = COLUMNS["writing-summary"]  # the same levels, of the final texts
 
 
 def run_path(out_dir, task, method, seed, lr, s) -> str:

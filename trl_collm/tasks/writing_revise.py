@@ -22,13 +22,14 @@ from .writing import SUMMARY_RULES, WritingRules, _as_text, load_posts, make_for
 NUM_TURNS = 2
 
 
-def revision_prompt(rules: WritingRules, index: int, first: str, own: str, other: str) -> str:
+def revision_prompt(rules: WritingRules, index: int, first: str, drafts: list[str], counts: list[int]) -> str:
     """Turn 2's prompt for writer `index`: the turn-1 conversation, its draft as the assistant's answer, then a user
-    message with both drafts' word counts against their windows and the teammate's draft. The plain form (models
-    without a chat template) restates the same in one text."""
+    message with both drafts' word counts (`counts`, in `rules.parts` order) against their windows and the
+    teammate's draft. The plain form (models without a chat template) restates the same in one text."""
     role, other_role = rules.parts[index], rules.parts[1 - index]
     (lo, hi), (olo, ohi) = rules.windows[index], rules.windows[1 - index]
-    n, m = len(words(own)), len(words(other))
+    own, other = drafts[index], drafts[1 - index]
+    n, m = counts[index], counts[1 - index]
     note = (
         f"Your draft has {n} words; your window is {lo} to {hi} words. Your teammate, the {other_role} writer "
         f'({olo} to {ohi} words), wrote {m} words:\n"{other.strip()}"\n\n'
@@ -84,13 +85,13 @@ class RevisionEnv(MultiAgentEnv):
             raise ValueError(f"writing-revise: step expects 2 completions {self.rules.parts}, got {len(completions)}.")
         texts = [_as_text(c) for c in completions]
         self.turn += 1
-        counts = [len(words(t)) for t in texts]
         if self.turn < self.max_turns:
-            observations = [revision_prompt(self.rules, i, self.first[i], texts[i], texts[1 - i]) for i in range(2)]
+            counts = [len(words(t)) for t in texts]
+            observations = [revision_prompt(self.rules, i, self.first[i], texts, counts) for i in range(2)]
             return StepResult(reward=0.0, observations=observations, done=False, info={"words": counts})
         score = score_pair(texts[0], texts[1], self.row["document"], self.rules)
         info = {
-            "words": counts,
+            "words": score.details["words"],
             "level1": score.level1,
             "level2": score.level2,
             "level3": score.level3,
