@@ -270,7 +270,10 @@ def test_hetero_team_templated_and_plain_trains_one_iteration(tmp_path, make_con
     assert not chat.has_template(tiny_tok)
     out = tr.train()
     assert out.global_step == 1
-    assert all(torch.isfinite(torch.tensor(v)) for k, v in out.metrics.items() if isinstance(v, float))
+    # explained variance is NaN by definition when the batch's returns are constant (algorithms.explained_variance),
+    # which two 8-token episodes under a word-count reward can be; every other metric must be a number
+    floats = {k: v for k, v in out.metrics.items() if isinstance(v, float) and not k.endswith("explained_variance")}
+    assert floats and all(torch.isfinite(torch.tensor(v)) for v in floats.values())
 
 
 def test_conversational_dataset_trains_a_lora_team_through_mc(tmp_path, smollm2_path):
