@@ -582,6 +582,75 @@ def test_deferred_old_logprobs_match_the_scoring_pass(tmp_path, make_config, pro
     assert logs_d[0]["objective/entropy"] > 0
 
 
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        dict(critic_type="centralized"),
+        dict(critic_type="decentralized"),  # two critic batches (one per agent) in the step
+    ],
+)
+def test_deferred_values_match_the_scoring_pass(tmp_path, make_config, prompts_dataset, qwen_path, overrides):
+    env = dict(reward_funcs=varied_reward)
+    """Taking the critic's old values from the update's first critic forward (`_defer_values`) must not change a
+    single update: same weights and logged metrics as a run forced through the scoring pass's critic forward, and
+    the short path really ran (every critic forward with gradients, half as many as the long path)."""
+    runs = []
+    for force in (False, True):
+        args = make_config(
+            tmp_path / str(force),
+            learning_rate=1e-2,
+            num_ppo_epochs=1,
+            kl_coef=0.0,
+            policy_loss_type="ppo",
+            **overrides,
+        )
+        trainer = MultiAgentPPOTrainer(args=args, model=[qwen_path, qwen_path], train_dataset=prompts_dataset, **env)
+        if force:
+            trainer._defer_values = lambda roll: False
+        before = agent_snapshots(trainer), critic_snapshots(trainer)
+        calls = []
+        original = trainer.critic.values
+        trainer.critic.values = lambda *a, **k: calls.append(torch.is_grad_enabled()) or original(*a, **k)
+        trainer.train()
+        logged = [h for h in trainer.state.log_history if "loss/value_avg" in h]
+        assert_all_trained(trainer, *before)
+        runs.append((agent_snapshots(trainer), critic_snapshots(trainer), logged, calls))
+    (agents_d, critics_d, logs_d, calls_d), (agents_s, critics_s, logs_s, calls_s) = runs
+    assert calls_d and all(calls_d)  # deferred: only the update's forwards, with gradients
+    assert calls_s.count(False) == len(calls_d) and len(calls_s) == 2 * len(calls_d)
+    for a in agents_d:
+        for x, y in zip(agents_d[a], agents_s[a]):
+            torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-6)
+    for k in critics_d:
+        for x, y in zip(critics_d[k], critics_s[k]):
+            torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-6)
+    assert len(logs_d) == len(logs_s) >= 1
+    keys = ("loss/value_avg", "loss/policy_avg", "critic/value_mean", "critic/advantage_std", "val/clipfrac_avg")
+    for hd, hs in zip(logs_d, logs_s):
+        for key in keys:
+            assert hd[key] == pytest.approx(hs[key], rel=1e-4, abs=1e-6), key
+
+
+def test_values_are_scored_up_front_when_the_update_cannot_give_them(tmp_path, make_config, prompts_dataset, qwen_path):
+    """Several epochs or minibatches, the per-agent schedule, token-level advantages, value normalisation, or more
+    (episode, turn) pairs than one micro-batch: the scoring pass computes the values."""
+    cases = [
+        dict(num_ppo_epochs=2),
+        dict(num_ppo_epochs=1, num_mini_batches=2),
+        dict(num_ppo_epochs=1, critic_updates="per_agent"),
+        dict(num_ppo_epochs=1, advantage_level="token"),
+        dict(num_ppo_epochs=1, value_normalization=True),
+        dict(num_ppo_epochs=1, num_turns=2),  # 4 episodes x 2 turns > 4 rows per micro-batch
+    ]
+    for i, overrides in enumerate(cases):
+        args = make_config(tmp_path / str(i), **overrides)
+        env = dict(env=TwoTurnEnv()) if overrides.get("num_turns") == 2 else dict(reward_funcs=varied_reward)
+        trainer = MultiAgentPPOTrainer(args=args, model=[qwen_path, qwen_path], train_dataset=prompts_dataset, **env)
+        roll = trainer.rollout(list(prompts_dataset)[:4])
+        assert trainer._defer_values(roll) is False, overrides
+        assert trainer.score_rollout(roll).advantages is not None, overrides
+
+
 def test_old_logprob_pass_is_kept_when_weights_move_before_the_agents_forward(
     tmp_path, make_config, prompts_dataset, qwen_path
 ):

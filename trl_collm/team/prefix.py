@@ -50,7 +50,7 @@ MIN_PREFIX_TOKENS = 16
 # the call: saved * (1 + p / LAYER_PARAMS_SCALE) > CALL_COST_TOKENS (per layer on both sides).
 CALL_COST_TOKENS = 650
 LAYER_PARAMS_SCALE = 105_000
-_ATTENTION_OK = ("sdpa", "eager")
+_ATTENTION_OK = ("sdpa", "eager", "collm_cpu_float32_sdpa")  # the last: team/cpu_attention.py
 
 
 def position_ids_from_mask(mask: torch.Tensor) -> torch.Tensor:

@@ -26,6 +26,7 @@ from ..rollout import Rollout, run_episodes
 from ..team import saved
 from ..team.assembly import TeamModel, build_team, resolve_agent_names
 from ..team.autocast_cache import cache_frozen_linears
+from ..team.cpu_attention import use_float32_cpu_attention
 from . import checkpoints, distributed, evaluation, hub
 from .batches import DataPasses, rollout_loader, set_batch_sizes
 from .console import ConsoleCallback, PhaseClock, TimedSampler
@@ -95,10 +96,12 @@ class TeamTrainerBase(TeamUpdates, _BaseTrainer):
         )
         self.team, self.critic = team, critic
         if args.bf16 and self.accelerator.device.type == "cpu":
-            # CPU bf16 autocast casts a frozen weight again at every call; one bf16 copy each instead (same numbers)
+            # CPU bf16 autocast casts a frozen weight again at every call; one bf16 copy each instead (same numbers).
+            # Attention runs in float32: torch's CPU attention kernels are slower in bf16 (team/cpu_attention.py).
             for module in (team, critic, *(r for r in team._refs.values() if r is not None)):
                 if isinstance(module, torch.nn.Module):
                     cache_frozen_linears(module)
+                    use_float32_cpu_attention(module)
         # transformers' printers show every key as a string; ours one line of a few numbers with progress and ETA
         for printer in (PrinterCallback, ProgressCallback):
             self.remove_callback(printer)

@@ -63,8 +63,9 @@ class ScoredRollout:
     rollout: Rollout
     turns: list[dict[str, PPOTurn]]  # turns[t][agent]
     critic_batches: list[CriticBatch]
-    advantages: PPOAdvantages
+    advantages: PPOAdvantages | None  # None until the update's first critic forward (see _defer_values)
     metrics: dict
+    shaped_rewards: torch.Tensor | None = None  # (E, T, n): what GAE reads, kept while the values are deferred
 
     def targets_for(self, cb: CriticBatch) -> ValueTargets:
         """The value targets of one of `critic_batches` (matched by identity: batches hold tensors, not keys)."""
@@ -268,15 +269,23 @@ class MultiAgentPPOTrainer(TeamTrainerBase):
             turns.append(scored)
         scores = rewards.clone()  # environment reward after the EOS penalty, before KL
         cbs = self.critic.batches(roll)
+        metrics = self._scoring_metrics(roll, scores, kl_seq, None if defer else logp_seq)
+        if self._defer_values(roll):  # the update's first critic forward gives the values (and then advantages)
+            return ScoredRollout(roll, turns, cbs, None, metrics, shaped_rewards=rewards - args.kl_coef * kl_seq)
         if args.advantage_level == "token":
             advantages = self._token_advantages(turns, cbs, scores)
         else:
             advantages = self._turn_advantages(roll, cbs, rewards - args.kl_coef * kl_seq)
-        for t, scored in enumerate(turns):
-            for a, st in scored.items():
+        scored = ScoredRollout(roll, turns, cbs, None, metrics)
+        self._set_advantages(scored, advantages)
+        return scored
+
+    @staticmethod
+    def _set_advantages(scored: ScoredRollout, advantages: PPOAdvantages) -> None:
+        scored.advantages = advantages
+        for t, turn in enumerate(scored.turns):
+            for a, st in turn.items():
                 st.advantages = advantages.advantages[t][a]
-        metrics = self._scoring_metrics(roll, scores, kl_seq, None if defer else logp_seq)
-        return ScoredRollout(roll, turns, cbs, advantages, metrics)
 
     def _scored_turn(self, a: str, at, defer: bool) -> PPOTurn:
         """One agent's turn with its old and reference log-probs and per-token KL (no advantages yet)."""
@@ -316,14 +325,18 @@ class MultiAgentPPOTrainer(TeamTrainerBase):
             metrics[f"{a}/objective/kl"] = float(kl_seq[:, :, i].sum(1).mean())
         return metrics
 
-    def _turn_advantages(self, roll: Rollout, cbs: list[CriticBatch], rewards: torch.Tensor) -> PPOAdvantages:
-        """Turn-level GAE: each completion is one action valued at the end of its view."""
+    def _turn_advantages(
+        self, roll: Rollout, cbs: list[CriticBatch], rewards: torch.Tensor, values: list | None = None
+    ) -> PPOAdvantages:
+        """Turn-level GAE: each completion is one action valued at the end of its view. `values`: the critic's
+        values of every view of each batch when the caller has them already (deferred to the update), else a
+        scoring forward computes them."""
         args, names = self.args, self.team.names
         n, E, T = len(names), roll.num_episodes, roll.num_turns
         V = torch.zeros(E, T, n)
         old_values = []
-        for cb in cbs:
-            v = self._values(cb).float().cpu()
+        for k, cb in enumerate(cbs):
+            v = (self._values(cb) if values is None else values[k]).float().cpu()
             if self.value_rms is not None:
                 v = self.value_rms.denormalize(v)
             old_values.append(v)
@@ -439,6 +452,32 @@ class MultiAgentPPOTrainer(TeamTrainerBase):
             return False
         return True
 
+    def _defer_values(self, roll: Rollout) -> bool:
+        """Skip the scoring pass's critic forward when the update's own first critic forward gives the same numbers.
+
+        The values must be known before any policy loss (the advantages come from them, normalised over the whole
+        batch), so the update computes every critic batch's values first, with gradients, derives the advantages
+        from their detached copy, backpropagates the value losses, then the policy losses. That is the update's
+        arithmetic unchanged (the old values equal the new ones at the first step, so value clipping is a no-op,
+        as it was) when: one epoch and one minibatch in one micro-batch (each row is seen once, before any optimizer
+        step), the joint schedule, turn-level advantages, no running value normalisation (its statistics are
+        updated from the returns before the update), no activation checkpointing (the critic graphs are held until
+        the advantages exist, and a recomputation would run under whichever adapter is active by then) and no
+        DeepSpeed (ZeRO-3 gathers and releases parameters around each loss). Saves one critic forward over every
+        view per iteration: ~13 % of a real-model CC iteration (docs/benchmarks.md).
+        """
+        args = self.args
+        return (
+            args.num_ppo_epochs == 1
+            and args.num_mini_batches == 1
+            and args.critic_updates != "per_agent"
+            and args.advantage_level == "turn"
+            and self.value_rms is None
+            and not args.activation_checkpointing
+            and not self.is_deepspeed_enabled
+            and int(roll.turn_mask.sum()) <= self.micro_batch_rows()
+        )
+
     def update(self, scored: ScoredRollout) -> dict:
         args = self.args
         pairs = scored.rollout.turn_mask.nonzero()  # (P, 2): (episode, turn) pairs that were played
@@ -449,7 +488,13 @@ class MultiAgentPPOTrainer(TeamTrainerBase):
         return out
 
     def step_losses(self, scored: ScoredRollout, mpairs: torch.Tensor, agents: list[str], logs):
-        """The agents' policy losses, then vf_coef x the critic losses on the same (episode, turn) pairs."""
+        """The agents' policy losses, then vf_coef x the critic losses on the same (episode, turn) pairs (the other
+        way round while the values are deferred: see _defer_values)."""
+        if scored.advantages is None:
+            yield from self._deferred_value_losses(scored, mpairs, agents, logs)
+            for a, st, rows in self.agent_rows(scored.turns, mpairs, agents):
+                yield self._policy_loss(a, st, rows, logs), len(rows)
+            return
         for a, st, rows in self.agent_rows(scored.turns, mpairs, agents):
             yield self._policy_loss(a, st, rows, logs), len(rows)
         for cb, cols in self.critic.loss_columns(scored.critic_batches, agents):
@@ -492,9 +537,28 @@ class MultiAgentPPOTrainer(TeamTrainerBase):
             logs[f"{a}/{key}"].append(float(val.detach()))
         return loss
 
-    def _value_loss(self, cb: CriticBatch, target: ValueTargets, rows: torch.Tensor, cols: list[int], logs):
+    def _deferred_value_losses(self, scored: ScoredRollout, mpairs: torch.Tensor, agents: list[str], logs):
+        """Every critic batch's values over all its views, with gradients; the advantages from their detached copy
+        (what scoring would have computed); then the value losses on the step's pairs."""
+        device = self.accelerator.device
+        cbs = scored.critic_batches
+        values = [self.critic.values(cb, device) for cb in cbs]
+        detached = [v.detach() for v in values]
+        self._set_advantages(scored, self._turn_advantages(scored.rollout, cbs, scored.shaped_rewards, detached))
+        by_batch = {id(cb): v for cb, v in zip(cbs, values)}
+        for cb, cols in self.critic.loss_columns(cbs, agents):
+            rows = _rows_of(cb.episode_ids, mpairs[mpairs[:, 1] == cb.turn][:, 0])
+            if len(rows):
+                v = by_batch[id(cb)][rows.to(by_batch[id(cb)].device)]
+                loss = self._value_loss(cb, scored.targets_for(cb), rows, cols, logs, values=v)
+                yield self.args.vf_coef * loss, len(rows)
+
+    def _value_loss(
+        self, cb: CriticBatch, target: ValueTargets, rows: torch.Tensor, cols: list[int], logs, values=None
+    ):
         args = self.args
-        values = self.critic.values(cb, self.accelerator.device, rows)
+        if values is None:
+            values = self.critic.values(cb, self.accelerator.device, rows)
         old = target.old_values[rows].to(values.device)
         ret = target.returns[rows].to(values.device)
         if self.value_rms is not None:

@@ -1,0 +1,100 @@
+"""Float32 attention under CPU bf16 autocast (trl_collm.team.cpu_attention): closer to float32 than bf16 attention,
+left padding still masked, float32 runs untouched, the switch not written into saved configs, and the trainers
+turning it on exactly where they turn on bf16 autocast on the CPU."""
+
+import json
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from trl_collm.team.cpu_attention import NAME, use_float32_cpu_attention
+
+
+def _models(path):
+    plain = AutoModelForCausalLM.from_pretrained(path).eval()
+    f32 = AutoModelForCausalLM.from_pretrained(path).eval()
+    assert plain.config._attn_implementation == "sdpa"
+    assert use_float32_cpu_attention(f32) == 1 and f32.config._attn_implementation == NAME
+    return plain, f32
+
+
+def _batch(n=3, length=24, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, 200, (n, length), generator=g)
+    mask = torch.ones(n, length, dtype=torch.long)
+    mask[1, :7] = 0  # left padding
+    mask[2, :3] = 0
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    return ids, mask, pos
+
+
+def test_float32_runs_are_bitwise_transformers_sdpa(qwen_path):
+    plain, f32 = _models(qwen_path)
+    ids, mask, pos = _batch()
+    with torch.no_grad():
+        assert torch.equal(
+            plain(input_ids=ids, attention_mask=mask, position_ids=pos).logits,
+            f32(input_ids=ids, attention_mask=mask, position_ids=pos).logits,
+        )
+
+
+def test_under_bf16_autocast_attention_is_float32_and_padding_stays_masked(qwen_path):
+    plain, f32 = _models(qwen_path)
+    ids, mask, pos = _batch()
+    with torch.no_grad():
+        want = plain(input_ids=ids, attention_mask=mask, position_ids=pos).logits  # float32 everywhere
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            bf16_attn = plain(input_ids=ids, attention_mask=mask, position_ids=pos).logits.float()
+            f32_attn = f32(input_ids=ids, attention_mask=mask, position_ids=pos).logits.float()
+            # row 1 alone, without its pads: the same numbers up to bf16 rounding of the linear layers
+            alone = f32(input_ids=ids[1:2, 7:]).logits.float()
+    real = mask.bool()
+    err_bf16 = (bf16_attn - want).abs()[real].mean()
+    err_f32 = (f32_attn - want).abs()[real].mean()
+    assert not torch.equal(bf16_attn, f32_attn)  # the switch changed the kernel's dtype
+    assert err_f32 < err_bf16  # and moved the logits towards float32's
+    # A dropped padding mask would let row 1 attend to its 7 pad tokens: errors of order 1, not bf16 rounding.
+    assert (alone[0] - f32_attn[1, 7:]).abs().max() < 0.1 * (want[1, 7:].abs().max())
+    assert (alone[0] - f32_attn[1, 7:]).abs().mean() < 2 * err_bf16
+
+
+def test_gradients_flow_through_the_float32_attention(qwen_path):
+    _, f32 = _models(qwen_path)
+    ids, mask, pos = _batch()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        f32(input_ids=ids, attention_mask=mask, position_ids=pos).logits.float().logsumexp(-1).sum().backward()
+    q = f32.model.layers[0].self_attn.q_proj.weight.grad
+    assert q is not None and torch.isfinite(q).all() and q.abs().sum() > 0
+
+
+def test_a_saved_model_does_not_carry_the_switch(qwen_path, tmp_path):
+    _, f32 = _models(qwen_path)
+    f32.save_pretrained(tmp_path)
+    assert NAME not in (tmp_path / "config.json").read_text()
+    json.loads((tmp_path / "config.json").read_text())
+    assert AutoModelForCausalLM.from_pretrained(tmp_path).config._attn_implementation == "sdpa"
+
+
+def test_the_trainer_switches_only_under_cpu_bf16(tmp_path, qwen_path, prompts_dataset):
+    from trl_collm import MultiAgentPPOConfig, MultiAgentPPOTrainer
+    from trl_collm.testing import CPU_RUN_SETTINGS
+
+    seen = {}
+    for bf16 in (False, True):
+        args = MultiAgentPPOConfig(
+            output_dir=str(tmp_path / str(bf16)),
+            num_agents=2,
+            response_length=4,
+            total_episodes=4,
+            per_device_train_batch_size=4,
+            **{**CPU_RUN_SETTINGS, "bf16": bf16},
+        )
+        trainer = MultiAgentPPOTrainer(
+            args=args,
+            model=qwen_path,
+            train_dataset=prompts_dataset,
+            reward_funcs=lambda prompts, completions, **kw: [1.0] * len(completions),
+        )
+        models = [trainer.team.model_of(a) for a in trainer.team.names] + [trainer.critic]
+        seen[bf16] = {m.config._attn_implementation for mod in models for m in mod.modules() if hasattr(m, "config")}
+    assert seen[False] == {"sdpa"} and seen[True] == {NAME}
