@@ -12,7 +12,7 @@ It prints, with a progress bar and an ETA for each phase:
 - the same held-out plays after training, the change paired play by play with its standard error, the texts again;
 - a PNG of the training curve with the held-out scores before and after (needs matplotlib: pip install -e ".[plot]").
 
-    python examples/smollm2_team.py                   # the defaults below: under 10 min of one core (docs/models.md)
+    python examples/smollm2_team.py                   # the defaults: 8 min (native bf16) to 22 (AVX2), docs/models.md
     python examples/smollm2_team.py --iterations 6    # half the training, for a first look
     python examples/smollm2_team.py --threads 2       # more torch threads (default: 1, or OMP_NUM_THREADS)
 
@@ -167,6 +167,14 @@ def main():
         f"{'bf16 autocast, float32 weights' if bf16 else 'float32'} (held-out plays alike)",
         flush=True,
     )
+    if not bf16 and threads == 1:
+        # Measured with these defaults (docs/models.md): 7 min 53 s on a 2-core EPYC with native bf16, 21 min 32 s
+        # in float32 on an AVX2-only one; say so before the user waits.
+        print(
+            "float32 on one thread: the defaults took ~22 min on a 2-core AVX2 CPU (8 min where bf16 is native); "
+            "--iterations 6 halves the training, --threads 2 uses a second idle core",
+            flush=True,
+        )
     task = get_task(TASK)
     model_path = smollm2_135m_instruct()  # converted once from the installed package into the cache (~30 s)
     args = MultiAgentMCConfig(
