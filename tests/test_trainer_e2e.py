@@ -538,6 +538,14 @@ def test_token_level_advantages_dc(tmp_path, make_config, prompts_dataset, qwen_
 # ---------------------------------------------------------------------------------------------------------------
 
 
+def assert_same_snapshots(got: dict, want: dict):
+    """Two runs' parameter snapshots (agent_snapshots / critic_snapshots) equal up to float rounding."""
+    assert got.keys() == want.keys()
+    for key in got:
+        for x, y in zip(got[key], want[key]):
+            torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize(
     "overrides",
     [
@@ -569,12 +577,8 @@ def test_deferred_old_logprobs_match_the_scoring_pass(tmp_path, make_config, pro
     (agents_d, critics_d, logs_d, calls_d), (agents_s, critics_s, logs_s, calls_s) = runs
     # 2 iterations x 2 agents: the short path makes only the update's forwards (with grad); the long one twice as many.
     assert calls_d == [True] * 4 and len(calls_s) == 8 and calls_s.count(False) == 4
-    for a in agents_d:
-        for x, y in zip(agents_d[a], agents_s[a]):
-            torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-6)
-    for k in critics_d:
-        for x, y in zip(critics_d[k], critics_s[k]):
-            torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-6)
+    assert_same_snapshots(agents_d, agents_s)
+    assert_same_snapshots(critics_d, critics_s)
     assert len(logs_d) == len(logs_s) == 2
     for hd, hs in zip(logs_d, logs_s):
         for key in ("objective/entropy", "policy/approxkl_avg", "val/ratio", "loss/policy_avg", "objective/scores"):
@@ -590,7 +594,6 @@ def test_deferred_old_logprobs_match_the_scoring_pass(tmp_path, make_config, pro
     ],
 )
 def test_deferred_values_match_the_scoring_pass(tmp_path, make_config, prompts_dataset, qwen_path, overrides):
-    env = dict(reward_funcs=varied_reward)
     """Taking the critic's old values from the update's first critic forward (`_defer_values`) must not change a
     single update: same weights and logged metrics as a run forced through the scoring pass's critic forward, and
     the short path really ran (every critic forward with gradients, half as many as the long path)."""
@@ -604,7 +607,9 @@ def test_deferred_values_match_the_scoring_pass(tmp_path, make_config, prompts_d
             policy_loss_type="ppo",
             **overrides,
         )
-        trainer = MultiAgentPPOTrainer(args=args, model=[qwen_path, qwen_path], train_dataset=prompts_dataset, **env)
+        trainer = MultiAgentPPOTrainer(
+            args=args, model=[qwen_path, qwen_path], train_dataset=prompts_dataset, reward_funcs=varied_reward
+        )
         if force:
             trainer._defer_values = lambda roll: False
         before = agent_snapshots(trainer), critic_snapshots(trainer)
@@ -618,12 +623,8 @@ def test_deferred_values_match_the_scoring_pass(tmp_path, make_config, prompts_d
     (agents_d, critics_d, logs_d, calls_d), (agents_s, critics_s, logs_s, calls_s) = runs
     assert calls_d and all(calls_d)  # deferred: only the update's forwards, with gradients
     assert calls_s.count(False) == len(calls_d) and len(calls_s) == 2 * len(calls_d)
-    for a in agents_d:
-        for x, y in zip(agents_d[a], agents_s[a]):
-            torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-6)
-    for k in critics_d:
-        for x, y in zip(critics_d[k], critics_s[k]):
-            torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-6)
+    assert_same_snapshots(agents_d, agents_s)
+    assert_same_snapshots(critics_d, critics_s)
     assert len(logs_d) == len(logs_s) >= 1
     keys = ("loss/value_avg", "loss/policy_avg", "critic/value_mean", "critic/advantage_std", "val/clipfrac_avg")
     for hd, hs in zip(logs_d, logs_s):

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from .cpu_attention import NAME as FLOAT32_CPU_SDPA
 from .modeling import base_model_of
 
 # A common prefix must be at least this long per row to be considered at all.
@@ -50,7 +51,7 @@ MIN_PREFIX_TOKENS = 16
 # the call: saved * (1 + p / LAYER_PARAMS_SCALE) > CALL_COST_TOKENS (per layer on both sides).
 CALL_COST_TOKENS = 650
 LAYER_PARAMS_SCALE = 105_000
-_ATTENTION_OK = ("sdpa", "eager", "collm_cpu_float32_sdpa")  # the last: team/cpu_attention.py
+_ATTENTION_OK = ("sdpa", "eager", FLOAT32_CPU_SDPA)
 
 
 def position_ids_from_mask(mask: torch.Tensor) -> torch.Tensor:

@@ -490,17 +490,24 @@ class MultiAgentPPOTrainer(TeamTrainerBase):
     def step_losses(self, scored: ScoredRollout, mpairs: torch.Tensor, agents: list[str], logs):
         """The agents' policy losses, then vf_coef x the critic losses on the same (episode, turn) pairs (the other
         way round while the values are deferred: see _defer_values)."""
-        if scored.advantages is None:
-            yield from self._deferred_value_losses(scored, mpairs, agents, logs)
-            for a, st, rows in self.agent_rows(scored.turns, mpairs, agents):
-                yield self._policy_loss(a, st, rows, logs), len(rows)
-            return
+        deferred = scored.advantages is None
+        if deferred:
+            yield from self._value_losses(scored, mpairs, agents, logs, self._deferred_values(scored))
         for a, st, rows in self.agent_rows(scored.turns, mpairs, agents):
             yield self._policy_loss(a, st, rows, logs), len(rows)
+        if not deferred:
+            yield from self._value_losses(scored, mpairs, agents, logs)
+
+    def _value_losses(self, scored: ScoredRollout, mpairs: torch.Tensor, agents: list[str], logs, values=None):
+        """vf_coef x the critic losses of the `agents` on the step's pairs. `values`: {id(batch): values of all its
+        views, with gradients} when the step already computed them (_deferred_values), else each loss runs its own
+        critic forward."""
         for cb, cols in self.critic.loss_columns(scored.critic_batches, agents):
             rows = _rows_of(cb.episode_ids, mpairs[mpairs[:, 1] == cb.turn][:, 0])
             if len(rows):
-                yield self.args.vf_coef * self._value_loss(cb, scored.targets_for(cb), rows, cols, logs), len(rows)
+                v = None if values is None else values[id(cb)][rows.to(values[id(cb)].device)]
+                loss = self._value_loss(cb, scored.targets_for(cb), rows, cols, logs, values=v)
+                yield self.args.vf_coef * loss, len(rows)
 
     def _policy_loss(self, a: str, st: PPOTurn, rows: torch.Tensor, logs) -> torch.Tensor:
         args = self.args
@@ -537,21 +544,14 @@ class MultiAgentPPOTrainer(TeamTrainerBase):
             logs[f"{a}/{key}"].append(float(val.detach()))
         return loss
 
-    def _deferred_value_losses(self, scored: ScoredRollout, mpairs: torch.Tensor, agents: list[str], logs):
-        """Every critic batch's values over all its views, with gradients; the advantages from their detached copy
-        (what scoring would have computed); then the value losses on the step's pairs."""
-        device = self.accelerator.device
+    def _deferred_values(self, scored: ScoredRollout) -> dict:
+        """Every critic batch's values over all its views, with gradients ({id(batch): values}), and the scored
+        rollout's advantages from their detached copy (what scoring would have computed)."""
         cbs = scored.critic_batches
-        values = [self.critic.values(cb, device) for cb in cbs]
+        values = [self.critic.values(cb, self.accelerator.device) for cb in cbs]
         detached = [v.detach() for v in values]
         self._set_advantages(scored, self._turn_advantages(scored.rollout, cbs, scored.shaped_rewards, detached))
-        by_batch = {id(cb): v for cb, v in zip(cbs, values)}
-        for cb, cols in self.critic.loss_columns(cbs, agents):
-            rows = _rows_of(cb.episode_ids, mpairs[mpairs[:, 1] == cb.turn][:, 0])
-            if len(rows):
-                v = by_batch[id(cb)][rows.to(by_batch[id(cb)].device)]
-                loss = self._value_loss(cb, scored.targets_for(cb), rows, cols, logs, values=v)
-                yield self.args.vf_coef * loss, len(rows)
+        return {id(cb): v for cb, v in zip(cbs, values)}
 
     def _value_loss(
         self, cb: CriticBatch, target: ValueTargets, rows: torch.Tensor, cols: list[int], logs, values=None
