@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from rounding import assert_trained_weights_close
 
 from trl_collm.team import prefix
 from trl_collm.team.modeling import left_pad
@@ -331,20 +332,7 @@ def test_training_with_a_shared_prefix_matches_training_without(
             else:
                 assert h_on[k] == pytest.approx(h_off[k], rel=1e-3, abs=1e-5), k
     for a in w_off:
-        _assert_trained_weights_close(w_on[a], w_off[a], lr=1e-3)
-
-
-def _assert_trained_weights_close(on: torch.Tensor, off: torch.Tensor, lr: float) -> None:
-    """Weights after the same Adam steps on two float paths that differ by rounding.
-
-    Adam divides each step by the root of its squared gradient, so an element whose gradient is itself at rounding
-    level (~1e-9) takes a step of any size up to ``lr`` from noise alone: one such element in 50k differed by 4e-6 on
-    an AVX2 machine. Nearly every element must match tightly, and no element may be off by more than a hundredth of
-    one step; a wrong prefix (a shifted position, a missing token) moves most elements by a whole step.
-    """
-    tight = torch.isclose(on, off, rtol=1e-4, atol=1e-6)
-    assert tight.float().mean().item() >= 0.999, f"{(~tight).sum().item()} of {on.numel()} elements differ"
-    assert (on - off).abs().max().item() <= lr / 100
+        assert_trained_weights_close(w_on[a], w_off[a], lr=1e-3)
 
 
 def test_a_model_that_returns_no_cache_gets_the_plain_forward(tiny_lm):

@@ -565,6 +565,9 @@ def test_deferred_old_logprobs_match_the_scoring_pass(tmp_path, make_config, pro
         )
         if force:
             trainer._defer_old_logprobs = lambda: False
+        # Both runs forward the whole prompt in the update, so that the only difference is where the old log-probs
+        # come from (the kept prefill's own equivalence, by rounding only: tests/test_prompt_cache.py).
+        trainer.keeps_prompt_graph = lambda *a, **k: False
         assert trainer._defer_old_logprobs() is (not force)
         before = agent_snapshots(trainer), critic_snapshots(trainer)
         calls = []

@@ -27,6 +27,8 @@ import weakref
 import torch
 
 from ..team.modeling import base_model_of
+from ..team.prefix import cache_keyword
+from ..team.prompt_cache import PromptCache, prefill
 from .sampler import BACKENDS, BackendOptions, GenerationBackend, GenerationRequest, Sampled, register_backend
 
 # Generation-config settings that change the logits before a user's logits processor sees them (transformers runs
@@ -101,6 +103,7 @@ class GenerateBackend(GenerationBackend):
 
     name = "generate"
     records_logprobs = True
+    keeps_prompt_graph = True
 
     def __init__(self, batch_size: int | None = None, share_prefix: bool = True):
         self.batch_size = batch_size
@@ -120,6 +123,7 @@ class GenerateBackend(GenerationBackend):
         if r.lockstep is not None:
             gen_kwargs["synced_gpus"] = r.lockstep
         outs, logprobs = [], []
+        kept = {} if r.keep_prompt_graph else None
         step = self.batch_size or r.ids.shape[0] or 1
         for start in range(0, r.ids.shape[0], step):
             kwargs = dict(gen_kwargs)
@@ -129,12 +133,52 @@ class GenerateBackend(GenerationBackend):
             if recorder is not None:
                 kwargs["logits_processor"] = LogitsProcessorList([recorder])
             rows = slice(start, start + step)
-            out = generate_with_prefix(r.model, r.ids[rows], r.mask[rows], kwargs, enabled=self.share_prefix)
+            out = None
+            if r.keep_prompt_graph:
+                out = self._generate_keeping_prompts(r, rows, kwargs, kept)
+            if out is None:
+                kept = None  # one chunk without its prefill: no row keeps one (the update forwards them all)
+                out = generate_with_prefix(r.model, r.ids[rows], r.mask[rows], kwargs, enabled=self.share_prefix)
             outs.append(out[:, r.ids.shape[1] :])
             if recorder is not None:
                 logprobs.append(recorder.finish(outs[-1]))
         tokens = _right_pad_cat(outs, r.pad_id)
-        return Sampled(tokens, _right_pad_cat(logprobs, 0.0) if logprobs else None)
+        caches = {name: PromptCache.cat(parts) for name, parts in kept.items()} if kept else None
+        return Sampled(tokens, _right_pad_cat(logprobs, 0.0) if logprobs else None, prompt_caches=caches)
+
+    def _generate_keeping_prompts(self, r: GenerationRequest, rows: slice, kwargs: dict, kept: dict | None):
+        """generate() on the chunk `rows` after a prefill with gradients per adapter (team/prompt_cache.py), the
+        prefills appended to `kept` (adapter -> parts); None when a prefill is not possible (the caller then runs
+        the plain path)."""
+        if kept is None:
+            return None
+        ids, mask = r.ids[rows], r.mask[rows]
+        names = r.adapter_names[rows] if r.adapter_names is not None else [None] * ids.shape[0]
+        groups = {name: [i for i, n in enumerate(names) if n == name] for name in dict.fromkeys(names)}
+        pieces, order = [], []
+        for name, idx in groups.items():
+            index = torch.tensor(idx, device=ids.device)
+            use = r.use_adapter(name) if name is not None else contextlib.nullcontext(r.model)
+            with use as m:
+                cache = prefill(m, ids[index], mask[index], share_prefix=self.share_prefix)
+            if cache is None:
+                return None
+            pieces.append(cache)
+            order.extend(idx)
+        decode = PromptCache.cat([c.detached() for c in pieces])
+        decode = decode.rows(torch.argsort(torch.tensor(order, device=ids.device)))  # back to the chunk's row order
+        # generate() reads the cache as covering the first columns of `input_ids` and computes the rest (the last
+        # prompt token); the cache's columns are placeholders for it (only the cache's mask and keys are read).
+        placeholder = torch.full((ids.shape[0], decode.length), r.pad_id, dtype=ids.dtype, device=ids.device)
+        out = r.model.generate(
+            input_ids=torch.cat([placeholder, ids[:, -1:]], dim=1),
+            attention_mask=torch.cat([decode.mask, torch.ones_like(mask[:, -1:])], dim=1),
+            **{cache_keyword(r.model): decode.dynamic_cache()},
+            **kwargs,
+        )
+        for name, cache in zip(groups, pieces):
+            kept.setdefault(name, []).append(cache)
+        return torch.cat([ids, out[:, decode.length + 1 :]], dim=1)
 
 
 @register_backend

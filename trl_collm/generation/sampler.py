@@ -24,6 +24,7 @@ import torch
 from .. import chat
 from ..team.agents import AgentTeam, Observation
 from ..team.modeling import left_pad, unpad_rows
+from ..team.prompt_cache import PromptCache
 from .prompts import PromptSettings
 
 
@@ -117,6 +118,9 @@ class Sampled(NamedTuple):
     # (B, L) an engine's own log-probs of those tokens at the sampling temperature (vLLM), for the importance-sampling
     # correction between its numerics and the trainer's; None for backends that sample with the trainer's forward
     engine_logprobs: torch.Tensor | None = None
+    # adapter name (None: a plain model) -> the prefill of that adapter's rows, in their order in the request, with
+    # gradients (`GenerationRequest.keep_prompt_graph`); None when not asked or not possible
+    prompt_caches: dict | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,7 +133,8 @@ class GenerationRequest:
     adapter at a time); None for a plain model. `logprob_temperature`: also return the sampled tokens' log-probs
     under log softmax(logits / temperature) (honoured only when the backend `records_logprobs`). `lockstep`:
     generate()'s `synced_gpus` (ZeRO-3 decoding in step with the other ranks; None: not distributed); a backend that
-    cannot decode in lockstep raises when it is True.
+    cannot decode in lockstep raises when it is True. `keep_prompt_graph`: run each adapter's prompt prefill with
+    gradients and return it (`Sampled.prompt_caches`; honoured only when the backend `keeps_prompt_graph`).
     """
 
     model: torch.nn.Module
@@ -141,6 +146,7 @@ class GenerationRequest:
     use_adapter: Callable | None = None
     logprob_temperature: float | None = None
     lockstep: bool | None = None
+    keep_prompt_graph: bool = False
 
     def prompts(self) -> list[list[int]]:
         """The prompts without their padding, one token list per row (for engines that take token lists)."""
@@ -194,6 +200,8 @@ class GenerationBackend(abc.ABC):
     # Whether `generate` can return the sampler's log-probs (`logprob_temperature`); when not, the caller computes them
     # with a forward of its own (PPO's scoring forward).
     records_logprobs: ClassVar[bool] = False
+    # Whether `generate` can run the prompt prefill with gradients and return it (`keep_prompt_graph`).
+    keeps_prompt_graph: ClassVar[bool] = False
 
     @classmethod
     def from_config(cls, options: BackendOptions) -> GenerationBackend:
@@ -254,6 +262,9 @@ class Generation:
     # (B, Lr) the engine's log-probs of the sampled tokens (0 after the stop token) when the backend is an engine with
     # numerics of its own (vLLM; `Sampled.engine_logprobs`), else None
     engine_logprobs: torch.Tensor | None = None
+    # the prompts' prefill with its autograd graph, when the sampler was asked to keep it (`keep_prompt_graph`) and
+    # its backend could: the update forwards only the response on top of it (team/prompt_cache.py)
+    prompt_cache: PromptCache | None = None
 
 
 @dataclasses.dataclass
@@ -266,6 +277,9 @@ class Sampler:
     temperature (PPO's old log-probs; None: not needed). `lockstep`: asked at each call for generate()'s
     `synced_gpus` (ZeRO-3 gathering is set up when training starts), or None. `prompts`: what shapes each agent's
     prompt (prompts.py): the runners read its `agent_context`, and every prompt is encoded here with its limit.
+    `keep_prompt_graph`: ask the backend to keep each agent's prompt prefill with gradients for the update
+    (`Generation.prompt_cache`); the trainer sets it on its training rollouts when that is exact
+    (`TeamUpdates.keeps_prompt_graph`).
     """
 
     team: AgentTeam
@@ -276,6 +290,7 @@ class Sampler:
     logprob_temperature: float | None = None
     lockstep: Callable[[], bool | None] | None = None
     prompts: PromptSettings = dataclasses.field(default_factory=PromptSettings)
+    keep_prompt_graph: bool = False
 
     def __post_init__(self):
         self.prompts.check_team(self.team)  # recorded chat templates: the team's tokenizers must render the same
@@ -303,6 +318,7 @@ class Sampler:
                 elp = out.engine_logprobs[part] if out.engine_logprobs is not None else None
                 # Each agent's own prompt padding may be shorter than the joint one; trim the shared left padding.
                 result[n] = _trim_left(self._finish(n, ids[part], mask[part], out.tokens[part], lp, elp))
+                result[n].prompt_cache = (out.prompt_caches or {}).get(n)
                 start += len(observations[n])
             return result
         result = {}
@@ -310,6 +326,7 @@ class Sampler:
             ids, mask = self._encode(n, observations[n])
             out = self._sample(team.policies[n], ids, mask, team.pad_id(n), n)
             result[n] = self._finish(n, ids, mask, out.tokens, out.logprobs, out.engine_logprobs)
+            result[n].prompt_cache = (out.prompt_caches or {}).get(None)
         return result
 
     def _encode(self, name: str, observations: list[Observation]):
@@ -340,6 +357,7 @@ class Sampler:
                 use_adapter=self.team.active if adapter_names is not None else None,
                 logprob_temperature=record,
                 lockstep=self.lockstep() if self.lockstep is not None else None,
+                keep_prompt_graph=self.keep_prompt_graph and self.backend.keeps_prompt_graph,
             )
             return self.backend.generate(request)
 

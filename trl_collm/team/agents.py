@@ -158,20 +158,27 @@ class AgentTeam(nn.Module):
         temperature: float = 1.0,
         with_entropy: bool = False,
         reference: bool = False,
+        prompt_cache=None,
     ):
         """Per-token log-probs (B, Lr) of `response_ids` under agent `name` (or its reference policy), and with
-        `with_entropy` the per-token entropy (B, Lr), without gradient (it is logged, not trained on)."""
+        `with_entropy` the per-token entropy (B, Lr), without gradient (it is logged, not trained on).
+        `prompt_cache`: these rows' prompt prefill, kept with its graph from sampling (team/prompt_cache.py); only
+        the response is then forwarded (the prompt's keys and values, and their gradients, come from it)."""
         from trl.trainer.utils import entropy_from_logits, selective_log_softmax
 
         from .prefix import forward_last
+        from .prompt_cache import response_logits
 
-        ids = torch.cat([query_ids, response_ids], dim=1)
-        mask = torch.cat([query_mask.long(), response_mask.long()], dim=1)
         lr = response_ids.shape[1]
         with self._reference_ctx(name) if reference else self.active(name) as model:
             model = self._refs[name] if reference and self._refs.get(name) is not None else model
-            logits = forward_last(model, ids, mask, lr + 1, causal_lm=True, enabled=self.share_prefix)
-        logits = logits[:, :-1].float()
+            if prompt_cache is not None:
+                logits = response_logits(model, prompt_cache, response_ids, response_mask)
+            else:
+                ids = torch.cat([query_ids, response_ids], dim=1)
+                mask = torch.cat([query_mask.long(), response_mask.long()], dim=1)
+                logits = forward_last(model, ids, mask, lr + 1, causal_lm=True, enabled=self.share_prefix)[:, :-1]
+        logits = logits.float()
         if temperature != 1.0:  # dividing by 1 changes no bit but copies the (B, Lr, vocab) logits
             logits = logits / temperature
         logp = selective_log_softmax(logits, response_ids)  # gather minus logsumexp: no (B, Lr, vocab) log-softmax

@@ -241,13 +241,13 @@ def supports_prefix_cache(model: nn.Module) -> bool:
     return True
 
 
-def _cache_keyword(model: nn.Module) -> str:
+def cache_keyword(model: nn.Module) -> str:
     """transformers 5.24 renamed the forward's `past_key_values` to `cache` (5.23 knows only the old name)."""
-    return _cache_keyword_of(type(base_model_of(model)))
+    return cache_keyword_of(type(base_model_of(model)))
 
 
 @functools.cache
-def _cache_keyword_of(model_class: type) -> str:
+def cache_keyword_of(model_class: type) -> str:
     try:
         params = inspect.signature(model_class.forward).parameters
     except (TypeError, ValueError):  # pragma: no cover - exotic wrappers
@@ -255,7 +255,7 @@ def _cache_keyword_of(model_class: type) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
-def _head_cache(model: nn.Module, split: SharedSplit, causal_lm: bool, **head_kwargs):
+def head_cache(model: nn.Module, split: SharedSplit, causal_lm: bool, **head_kwargs):
     """Run the head(s) once and return their KV cache laid out over the batch rows (gradients flow through it)."""
     head = model(
         input_ids=split.head_ids,
@@ -300,7 +300,7 @@ def forward_last(
     if enabled and supports_prefix_cache(model):
         min_saved = min_saved_tokens(model) if min_saved is None else min_saved
         split = plan_split(ids, mask, keep, min_prefix, min_saved=min_saved)
-    cache = _head_cache(model, split, causal_lm) if split is not None else None
+    cache = head_cache(model, split, causal_lm) if split is not None else None
     if cache is None:
         kwargs = dict(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask), use_cache=False)
     else:
@@ -308,7 +308,7 @@ def forward_last(
             "input_ids": split.rest_ids,
             "attention_mask": split.attention_mask,
             "position_ids": split.rest_positions,
-            _cache_keyword(model): cache,
+            cache_keyword(model): cache,
             "use_cache": True,
         }
     if causal_lm:
@@ -344,11 +344,11 @@ def generate_with_prefix(
         split = plan_split(ids, mask, 1, min_prefix, row_keys=keys, min_saved=min_saved)
         if split is not None and names is not None:
             head_kwargs["adapter_names"] = [distinct[int(k)] for k in split.head_keys]
-    cache = _head_cache(model, split, causal_lm=True, **head_kwargs) if split is not None else None
+    cache = head_cache(model, split, causal_lm=True, **head_kwargs) if split is not None else None
     if cache is None:
         return model.generate(input_ids=ids, attention_mask=mask, **gen_kwargs)
     laid_out = split.layout_ids
     out = model.generate(
-        input_ids=laid_out, attention_mask=split.attention_mask, **{_cache_keyword(model): cache}, **gen_kwargs
+        input_ids=laid_out, attention_mask=split.attention_mask, **{cache_keyword(model): cache}, **gen_kwargs
     )
     return torch.cat([ids, out[:, laid_out.shape[1] :]], dim=1)

@@ -183,12 +183,17 @@ class TeamTrainerBase(TeamUpdates, _BaseTrainer):
             return self.sampler
         return self.sampler.with_settings(dataclasses.replace(self.sampler.settings, greedy=True))
 
-    def rollout(self, rows: list[dict], greedy: bool = False) -> Rollout:
+    def rollout(self, rows: list[dict], greedy: bool = False, keep_prompt_graph: bool = False) -> Rollout:
+        """Episodes for `rows`; `keep_prompt_graph`: every generation keeps its prompt prefill with gradients for
+        the update (`prompt_cache_rows`), which the caller has checked is allowed (`keeps_prompt_graph`)."""
         args = self.args
         self.model.eval()
+        sampler = self.sampler_for_step(greedy)
+        if keep_prompt_graph:
+            sampler = dataclasses.replace(sampler, keep_prompt_graph=True)
         try:
             return run_episodes(
-                self.sampler_for_step(greedy),
+                sampler,
                 self.env,
                 rows,
                 args.num_turns,

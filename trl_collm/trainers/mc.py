@@ -11,6 +11,7 @@ One iteration:
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -186,6 +187,13 @@ class MultiAgentMCTrainer(TeamTrainerBase):
         args = self.args
         self.model.eval()
         sampler = self.sampler_for_step()
+        one_look = args.num_iterations == 1 and args.num_mini_batches == 1
+        if args.update_schedule == "per_agent_turn" and args.num_turns > 1:
+            one_look = False  # turn t's step moves the weights turn t+1 sampled with
+        # (sample, turn) pairs of the update: G samples per row in one turn; a tree's later turns branch further
+        samples = len(rows) * args.num_generations if args.num_turns == 1 else float("inf")
+        if self.keeps_prompt_graph(samples, one_look):
+            sampler = dataclasses.replace(sampler, keep_prompt_graph=True)
         if args.joint_mode == "cross":
             return run_cross(
                 sampler, self.env, rows, args.num_generations, args.max_joint_combinations, self._generator
@@ -276,13 +284,10 @@ class MultiAgentMCTrainer(TeamTrainerBase):
     def _policy_loss(self, a: str, at: MCTurn, rows: torch.Tensor, logs) -> torch.Tensor:
         args = self.args
         g = at.gen
-        temp = self.loss_temperature()
         mask = g.response_mask[rows]
         if at.sample_mask is not None:  # cross mode: samples that took part in no joint action carry no signal
             mask = mask & at.sample_mask[rows].to(mask.device).unsqueeze(-1)
-        new, ent = self.team.logprobs(
-            a, g.query_ids[rows], g.query_mask[rows], g.response_ids[rows], mask, temp, with_entropy=True
-        )
+        new, ent = self.update_logprobs(a, g, rows, mask)
         adv = at.advantages[rows].to(new.device)
         weights = (
             self.importance_weights(a, g, rows, at.old_logprobs[rows], mask, logs)

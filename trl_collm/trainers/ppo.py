@@ -418,7 +418,9 @@ class MultiAgentPPOTrainer(TeamTrainerBase):
 
     # ------------------------------------------------------------------ update
     def training_iteration(self, rows: list[dict]) -> dict:
-        roll = self.rollout(rows)
+        roll = self.rollout(
+            rows, keep_prompt_graph=self.keeps_prompt_graph(len(rows) * self.args.num_turns, self._one_look())
+        )
         scored = self.score_rollout(roll)
         if self.value_rms is not None:
             self.value_rms.update(scored.advantages.returns)
@@ -444,13 +446,18 @@ class MultiAgentPPOTrainer(TeamTrainerBase):
         The reference rule (`preset="collm"`) qualifies: it saves one forward per agent and turn every iteration.
         """
         args = self.args
-        if args.num_ppo_epochs != 1 or args.num_mini_batches != 1:
-            return False
         if args.kl_coef != 0 and any(self.team.has_reference(a) for a in self.team.names):
             return False
-        if args.critic_updates == "per_agent" and (args.num_turns > 1 or self.critic.shares_actor_weights()):
+        return self._one_look()
+
+    def _one_look(self) -> bool:
+        """Every agent's first forward in the update sees the weights that sampled, and each row is seen once: one
+        epoch, one minibatch, and no earlier optimizer step of the iteration on that agent's weights (see
+        `_defer_old_logprobs`)."""
+        args = self.args
+        if args.num_ppo_epochs != 1 or args.num_mini_batches != 1:
             return False
-        return True
+        return not (args.critic_updates == "per_agent" and (args.num_turns > 1 or self.critic.shares_actor_weights()))
 
     def _defer_values(self, roll: Rollout) -> bool:
         """Skip the scoring pass's critic forward when the update's own first critic forward gives the same numbers.
@@ -512,11 +519,8 @@ class MultiAgentPPOTrainer(TeamTrainerBase):
     def _policy_loss(self, a: str, st: PPOTurn, rows: torch.Tensor, logs) -> torch.Tensor:
         args = self.args
         g = st.gen
-        temp = self.loss_temperature()
         mask = g.response_mask[rows]
-        new, ent = self.team.logprobs(
-            a, g.query_ids[rows], g.query_mask[rows], g.response_ids[rows], mask, temp, with_entropy=True
-        )
+        new, ent = self.update_logprobs(a, g, rows, mask)
         if st.old_deferred:  # see _defer_old_logprobs: this forward is the first with these weights
             st.old_logprobs[rows] = new.detach()
         adv = st.advantages[rows].to(new.device)

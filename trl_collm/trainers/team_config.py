@@ -88,6 +88,11 @@ class TeamConfig(_BaseConfig):
             Compute the leading tokens that all rows of a training forward share (a task's instructions, the G samples
             of one prompt) once instead of once per row. Same numbers up to float rounding; falls back to the plain
             forward where it cannot apply (see trl_collm/team/prefix.py).
+        reuse_rollout_prefill (`bool`, *optional*, defaults to `True`):
+            Run the rollout's prompt prefill with gradients and reuse it in the update, which then forwards only the
+            responses, when that gives the same numbers (one epoch, one minibatch, every row in one micro-batch; see
+            trl_collm/team/prompt_cache.py). Saves the update's prompt forward; holds every agent's prompt
+            activations from sampling to the update. False: the update forwards prompt and response (less memory).
         use_transformers_continuous_batching (`bool`, *optional*, defaults to `False`):
             Generate rollouts with transformers' continuous batching (`generate_batch`) instead of `generate()`; LoRA
             teams run one call per adapter (see docs/generation.md).
@@ -294,6 +299,18 @@ class TeamConfig(_BaseConfig):
                 "the G "
                 "samples of one prompt) once instead of once per row. Same numbers up to float rounding; falls back to "
                 "the plain forward where it cannot apply (see trl_collm/team/prefix.py)."
+            )
+        },
+    )
+    reuse_rollout_prefill: bool = field(
+        default=True,
+        metadata={
+            "help": (
+                "Run the rollout's prompt prefill with gradients and reuse it in the update, which then forwards "
+                "only the responses, when that gives the same numbers (one epoch, one minibatch, every row in one "
+                "micro-batch; see trl_collm/team/prompt_cache.py). Saves the update's prompt forward; holds every "
+                "agent's prompt activations from sampling to the update. False: the update forwards prompt and "
+                "response (less memory)."
             )
         },
     )

@@ -1,6 +1,7 @@
 """The update half of a trainer: the optimizer over per-module parameter groups, gradient clipping, and the update
 schedule (epochs x minibatches of played (episode, turn) pairs -> optimizer steps, each accumulated over
-micro-batches, with the non-finite guard), and the importance-sampling weights the losses apply to vLLM-sampled rows.
+micro-batches, with the non-finite guard), the importance-sampling weights the losses apply to vLLM-sampled rows,
+and the update's log-probs (`update_logprobs`, on the prompt prefill kept from sampling when `keeps_prompt_graph`).
 A trainer implements one hook, `step_losses`.
 
 `TeamUpdates` is mixed into `TeamTrainerBase`; it uses the trainer's `args`, `team`, `critic`, `accelerator`,
@@ -67,6 +68,48 @@ class TeamUpdates:
             params = [p for p in params if p.grad is not None]
             if params:
                 torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm)
+
+    # ------------------------------------------------------------------ the prompt prefill kept from sampling
+    def keeps_prompt_graph(self, num_rows: int, one_look: bool) -> bool:
+        """Whether sampling may run the prompts' prefill with gradients and hand it to the update, which then
+        forwards only the responses (team/prompt_cache.py): the same numbers when every agent's first forward in
+        the update sees the weights that sampled and reads each row once (`one_look`: one epoch, one minibatch,
+        no earlier optimizer step of the iteration on that agent's weights), all of the iteration's rows in one
+        micro-batch (each prefill is backpropagated once, in one loss), no activation checkpointing (recomputation
+        would run under whichever adapter is active by then) and no DeepSpeed (ZeRO-3 releases the gathered
+        weights after sampling). Dropout is off in every module, so the sampling (eval) and update (train)
+        forwards agree. `reuse_rollout_prefill=False` switches it off. `num_rows`: the most (row, turn) pairs the
+        iteration can have."""
+        args = self.args
+        return (
+            args.reuse_rollout_prefill
+            and one_look
+            and num_rows <= self.micro_batch_rows()
+            and not args.activation_checkpointing
+            and not self.is_deepspeed_enabled
+            and self.sampler.backend.keeps_prompt_graph
+        )
+
+    @staticmethod
+    def prompt_cache_rows(gen, rows: torch.Tensor):
+        """The rows `rows` of `gen`'s kept prompt prefill for the update's forward, or None. Taken once: a second
+        backward through the prefill's graph would fail, and its memory goes with the update's graph."""
+        cache, gen.prompt_cache = gen.prompt_cache, None
+        return cache.rows(rows) if cache is not None else None
+
+    def update_logprobs(self, a: str, gen, rows: torch.Tensor, mask: torch.Tensor):
+        """Agent `a`'s log-probs (with gradients) and entropies of `gen`'s rows `rows`: the update's forward, on the
+        kept prompt prefill when there is one. `mask`: the response tokens that count."""
+        return self.team.logprobs(
+            a,
+            gen.query_ids[rows],
+            gen.query_mask[rows],
+            gen.response_ids[rows],
+            mask,
+            self.loss_temperature(),
+            with_entropy=True,
+            prompt_cache=self.prompt_cache_rows(gen, rows),
+        )
 
     # ------------------------------------------------------------------ update schedule (shared by the trainers)
     def run_updates(self, scored, pairs: torch.Tensor, epochs: int, per_agent: bool) -> dict:
