@@ -168,10 +168,10 @@ def main():
         flush=True,
     )
     if not bf16 and threads == 1:
-        # Measured with these defaults (docs/models.md): 7 min 53 s on a 2-core EPYC with native bf16, 21 min 32 s
+        # Measured with these defaults (docs/models.md): 7 min 53 s on a 2-core EPYC with native bf16, 20 min 40 s
         # in float32 on an AVX2-only one; say so before the user waits.
         print(
-            "float32 on one thread: the defaults took ~22 min on a 2-core AVX2 CPU (8 min where bf16 is native); "
+            "float32 on one thread: the defaults took ~21 min on a 2-core AVX2 CPU (8 min where bf16 is native); "
             "--iterations 6 halves the training, --threads 2 uses a second idle core",
             flush=True,
         )
