@@ -79,16 +79,26 @@ def length_reward(prompts, completions, **kwargs):
     return [[len(c) / 100.0 for c in comp] for comp in completions]
 
 
+# phase -> the trainer methods that run it, the first one a trainer has (PPO: rollout / score_rollout / update; MC:
+# sample / score_tree / run_updates)
+PHASE_METHODS = {
+    "rollout": ("sample", "rollout"),
+    "score_rollout": ("score_rollout", "score_tree"),
+    "update": ("update", "run_updates"),
+}
+
+
 class PhaseTimer:
-    """Wraps trainer.rollout / score_rollout / update (instance attributes; the library is untouched)."""
+    """Wraps each phase's trainer method (PHASE_METHODS; instance attributes, the library is untouched)."""
 
     def __init__(self, trainer, device: str):
         self.device = device
         self.times: dict[str, float] = {}
         self.cpu_times: dict[str, float] = {}
         self.last_rollout = None
-        for phase in ("rollout", "score_rollout", "update"):
-            setattr(trainer, phase, self._wrap(phase, getattr(trainer, phase)))
+        for phase, methods in PHASE_METHODS.items():
+            method = next(m for m in methods if hasattr(trainer, m))
+            setattr(trainer, method, self._wrap(phase, getattr(trainer, method)))
 
     def _wrap(self, name, fn):
         @functools.wraps(fn)

@@ -104,7 +104,7 @@ def child(opts) -> dict:
 
     torch.set_num_threads(1)
     sys.path.insert(0, HERE)
-    from bench_iteration import PhaseTimer
+    from bench_iteration import PHASE_METHODS, PhaseTimer
 
     (compute,) = opts.compute  # the parent passes one; `--compute` is a list (a list never equals "bf16")
     bf16 = compute == "bf16"
@@ -112,14 +112,15 @@ def child(opts) -> dict:
         trainer, rows = _trainer(opts.workload, opts.batch, opts.response_length, bf16, out_dir)
         timer = PhaseTimer(trainer, "cpu")
         autocast_seen = set()  # what the update really ran under: the measurement's label is checked against it
-        update = trainer.update
+        update_method = next(m for m in PHASE_METHODS["update"] if hasattr(trainer, m))  # PPO: update, MC: run_updates
+        update = getattr(trainer, update_method)
 
         def update_seen(*args, **kwargs):
             on = torch.is_autocast_enabled("cpu")
             autocast_seen.add(str(torch.get_autocast_dtype("cpu")).replace("torch.", "") if on else "off")
             return update(*args, **kwargs)
 
-        trainer.update = update_seen
+        setattr(trainer, update_method, update_seen)
         per_iter = trainer.args.per_device_train_batch_size
         results = []
         for i in range(opts.warmup + opts.iterations):
