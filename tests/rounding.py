@@ -15,3 +15,8 @@ def assert_trained_weights_close(on: torch.Tensor, off: torch.Tensor, lr: float)
     tight = torch.isclose(on, off, rtol=1e-4, atol=1e-6)
     assert tight.float().mean().item() >= 0.999, f"{(~tight).sum().item()} of {on.numel()} elements differ"
     assert (on - off).abs().max().item() <= lr / 100
+
+
+def trained_weights(trainer) -> dict[str, torch.Tensor]:
+    """Every agent's trained parameters, flattened into one tensor per agent (what the comparison above reads)."""
+    return {a: torch.cat([p.detach().flatten() for p in trainer.team.agent_parameters(a)]) for a in trainer.team.names}

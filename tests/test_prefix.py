@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from rounding import assert_trained_weights_close
+from rounding import assert_trained_weights_close, trained_weights
 
 from trl_collm.team import prefix
 from trl_collm.team.modeling import left_pad
@@ -292,9 +292,7 @@ def _train(tmp_path, path, trainer_kind, layout, share, monkeypatch, prompts):
             reward_funcs=lambda prompts, completions, **kw: [float(len(c[0]) % 3) for c in completions],
         )
     trainer.train()
-    weights = {
-        a: torch.cat([p.detach().flatten() for p in trainer.team.agent_parameters(a)]) for a in trainer.team.names
-    }
+    weights = trained_weights(trainer)
     return trainer._metrics_history, weights, sum(used)
 
 

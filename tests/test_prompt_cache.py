@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from rounding import assert_trained_weights_close
+from rounding import assert_trained_weights_close, trained_weights
 
 from trl_collm.generation.backends import GenerateBackend
 from trl_collm.generation.sampler import GenerationRequest, SamplingSettings
@@ -150,8 +150,17 @@ def test_mixed_adapter_sampling_keeps_one_prefill_per_adapter(tmp_path, qwen_pat
         _loss(got, resp[rows], rmask[rows]).backward()
 
 
-def _ppo(tmp_path, qwen_path, prompts_dataset, make_config, keep: bool, **overrides):
+def _reward(prompts, completions, **kw):
+    return [float(len(c[0]) % 3) for c in completions]
+
+
+def _lora():
     from peft import LoraConfig
+
+    return LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
+
+
+def _ppo(tmp_path, qwen_path, prompts_dataset, make_config, keep: bool, **overrides):
 
     from trl_collm import MultiAgentPPOTrainer
 
@@ -159,7 +168,7 @@ def _ppo(tmp_path, qwen_path, prompts_dataset, make_config, keep: bool, **overri
     if overrides.get("preset"):
         settings = dict(num_agents=2, kl_coef=0.0)  # the preset's own update rule
     args = make_config(tmp_path / f"keep-{keep}", **{**settings, **overrides})
-    reward = dict(reward_funcs=lambda prompts, completions, **kw: [float(len(c[0]) % 3) for c in completions])
+    reward = dict(reward_funcs=_reward)
     if args.num_turns == 2:
         from test_trainer_e2e import TwoTurnEnv
 
@@ -167,7 +176,7 @@ def _ppo(tmp_path, qwen_path, prompts_dataset, make_config, keep: bool, **overri
     trainer = MultiAgentPPOTrainer(
         args=args,
         model=qwen_path,
-        peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
+        peft_config=_lora(),
         train_dataset=prompts_dataset,
         **reward,
     )
@@ -201,9 +210,7 @@ def test_ppo_training_with_the_kept_prefill_matches_training_without(
         trainer = _ppo(tmp_path, qwen_path, prompts_dataset, make_config, keep, critic_type=critic_type)
         assert trainer.keeps_prompt_graph(4, trainer._one_look()) is keep
         trainer.train()
-        weights = {
-            a: torch.cat([p.detach().flatten() for p in trainer.team.agent_parameters(a)]) for a in trainer.team.names
-        }
+        weights = trained_weights(trainer)
         runs[keep] = (weights, trainer._metrics_history, list(calls))
     (w_off, hist_off, calls_off), (w_on, hist_on, calls_on) = runs[False], runs[True]
     n_policy_forwards = 2 * 2  # 2 iterations x 2 agents
@@ -222,7 +229,6 @@ def test_ppo_training_with_the_kept_prefill_matches_training_without(
 
 def test_mc_training_with_the_kept_prefill_matches_training_without(tmp_path, qwen_path, prompts_dataset):
     from conftest import RUN_SETTINGS
-    from peft import LoraConfig
 
     from trl_collm import MultiAgentMCConfig, MultiAgentMCTrainer
 
@@ -241,7 +247,7 @@ def test_mc_training_with_the_kept_prefill_matches_training_without(tmp_path, qw
         trainer = MultiAgentMCTrainer(
             args=args,
             model=qwen_path,
-            peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
+            peft_config=_lora(),
             train_dataset=prompts_dataset,
             reward_funcs=lambda prompts, completions, **kw: [float(len(c[0]) % 3) for c in completions],
         )
@@ -251,9 +257,7 @@ def test_mc_training_with_the_kept_prefill_matches_training_without(tmp_path, qw
         if not keep:
             trainer.keeps_prompt_graph = lambda *a, **k: False
         trainer.train()
-        weights = {
-            a: torch.cat([p.detach().flatten() for p in trainer.team.agent_parameters(a)]) for a in trainer.team.names
-        }
+        weights = trained_weights(trainer)
         runs[keep] = weights, trainer._metrics_history, kept
     (w_off, hist_off, kept_off), (w_on, hist_on, kept_on) = runs[False], runs[True]
     assert kept_on == [True] * 4 and kept_off == [False] * 4  # 2 iterations x 2 agents

@@ -134,7 +134,7 @@ class GenerateBackend(GenerationBackend):
                 kwargs["logits_processor"] = LogitsProcessorList([recorder])
             rows = slice(start, start + step)
             out = None
-            if r.keep_prompt_graph:
+            if kept is not None:
                 out = self._generate_keeping_prompts(r, rows, kwargs, kept)
             if out is None:
                 kept = None  # one chunk without its prefill: no row keeps one (the update forwards them all)
@@ -146,12 +146,10 @@ class GenerateBackend(GenerationBackend):
         caches = {name: PromptCache.cat(parts) for name, parts in kept.items()} if kept else None
         return Sampled(tokens, _right_pad_cat(logprobs, 0.0) if logprobs else None, prompt_caches=caches)
 
-    def _generate_keeping_prompts(self, r: GenerationRequest, rows: slice, kwargs: dict, kept: dict | None):
+    def _generate_keeping_prompts(self, r: GenerationRequest, rows: slice, kwargs: dict, kept: dict):
         """generate() on the chunk `rows` after a prefill with gradients per adapter (team/prompt_cache.py), the
         prefills appended to `kept` (adapter -> parts); None when a prefill is not possible (the caller then runs
         the plain path)."""
-        if kept is None:
-            return None
         ids, mask = r.ids[rows], r.mask[rows]
         names = r.adapter_names[rows] if r.adapter_names is not None else [None] * ids.shape[0]
         groups = {name: [i for i, n in enumerate(names) if n == name] for name in dict.fromkeys(names)}

@@ -255,6 +255,29 @@ def cache_keyword_of(model_class: type) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
+def layered_cache(output):
+    """The KV cache a forward returned (`cache`; `past_key_values` before transformers 5.24), or None when it
+    returned none with layers."""
+    cache = getattr(output, "cache", None)
+    if cache is None:
+        cache = getattr(output, "past_key_values", None)
+    return cache if cache is not None and getattr(cache, "layers", None) else None
+
+
+def split_inputs(model: nn.Module, ids, mask, split: SharedSplit | None, head, use_cache: bool) -> dict:
+    """The model inputs for a left-padded batch: the plain forward's (no `head`), or the rest of `split` on its
+    head's cache `head` (`head_cache`)."""
+    if head is None:
+        return dict(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask), use_cache=use_cache)
+    return {
+        "input_ids": split.rest_ids,
+        "attention_mask": split.attention_mask,
+        "position_ids": split.rest_positions,
+        cache_keyword(model): head,
+        "use_cache": True,
+    }
+
+
 def head_cache(model: nn.Module, split: SharedSplit, causal_lm: bool, **head_kwargs):
     """Run the head(s) once and return their KV cache laid out over the batch rows (gradients flow through it)."""
     head = model(
@@ -265,10 +288,8 @@ def head_cache(model: nn.Module, split: SharedSplit, causal_lm: bool, **head_kwa
         **({"logits_to_keep": 1} if causal_lm else {}),
         **head_kwargs,
     )
-    cache = getattr(head, "cache", None)
+    cache = layered_cache(head)
     if cache is None:
-        cache = getattr(head, "past_key_values", None)
-    if cache is None or not getattr(cache, "layers", None):
         return None  # a model that returns no layered KV cache: the caller runs the plain forward
     batch = split.rest_ids.shape[0]
     for layer in cache.layers:
@@ -301,16 +322,7 @@ def forward_last(
         min_saved = min_saved_tokens(model) if min_saved is None else min_saved
         split = plan_split(ids, mask, keep, min_prefix, min_saved=min_saved)
     cache = head_cache(model, split, causal_lm) if split is not None else None
-    if cache is None:
-        kwargs = dict(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask), use_cache=False)
-    else:
-        kwargs = {
-            "input_ids": split.rest_ids,
-            "attention_mask": split.attention_mask,
-            "position_ids": split.rest_positions,
-            cache_keyword(model): cache,
-            "use_cache": True,
-        }
+    kwargs = split_inputs(model, ids, mask, split, cache, use_cache=False)
     if causal_lm:
         return model(**kwargs, logits_to_keep=keep).logits
     return model(**kwargs).last_hidden_state[:, -keep:]

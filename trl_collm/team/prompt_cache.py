@@ -107,34 +107,16 @@ def prefill(model, ids: torch.Tensor, mask: torch.Tensor, share_prefix: bool = T
     if share_prefix:
         split = prefix.plan_split(body_ids, body_mask, 1, min_saved=min_saved_tokens(model))
     with torch.enable_grad():
-        if split is not None:
-            head = prefix.head_cache(model, split, causal_lm=True)
-            if head is None:
-                return None
-            out = model(
-                input_ids=split.rest_ids,
-                attention_mask=split.attention_mask,
-                position_ids=split.rest_positions,
-                use_cache=True,
-                logits_to_keep=1,
-                **{cache_keyword(model): head},
-            )
-            layout_mask = split.attention_mask
-        else:
-            out = model(
-                input_ids=body_ids,
-                attention_mask=body_mask,
-                position_ids=position_ids_from_mask(body_mask),
-                use_cache=True,
-                logits_to_keep=1,
-            )
-            layout_mask = body_mask
-    cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
-    if cache is None or not getattr(cache, "layers", None):
+        head = prefix.head_cache(model, split, causal_lm=True) if split is not None else None
+        if split is not None and head is None:
+            return None  # the model returns no layered KV cache
+        inputs = prefix.split_inputs(model, body_ids, body_mask, split, head, use_cache=True)
+        cache = prefix.layered_cache(model(**inputs, logits_to_keep=1))
+    if cache is None:
         return None
     keys = [layer.keys for layer in cache.layers]
     values = [layer.values for layer in cache.layers]
-    return PromptCache(keys, values, layout_mask.long(), ids[:, -1].clone())
+    return PromptCache(keys, values, inputs["attention_mask"].long(), ids[:, -1].clone())
 
 
 def response_logits(model, cache: PromptCache, response_ids: torch.Tensor, response_mask: torch.Tensor):

@@ -480,9 +480,7 @@ class MultiAgentPPOTrainer(TeamTrainerBase):
             and args.critic_updates != "per_agent"
             and args.advantage_level == "turn"
             and self.value_rms is None
-            and not args.activation_checkpointing
-            and not self.is_deepspeed_enabled
-            and int(roll.turn_mask.sum()) <= self.micro_batch_rows()
+            and self.graphs_can_wait_for_the_update(int(roll.turn_mask.sum()))
         )
 
     def update(self, scored: ScoredRollout) -> dict:

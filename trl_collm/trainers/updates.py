@@ -74,20 +74,25 @@ class TeamUpdates:
         """Whether sampling may run the prompts' prefill with gradients and hand it to the update, which then
         forwards only the responses (team/prompt_cache.py): the same numbers when every agent's first forward in
         the update sees the weights that sampled and reads each row once (`one_look`: one epoch, one minibatch,
-        no earlier optimizer step of the iteration on that agent's weights), all of the iteration's rows in one
-        micro-batch (each prefill is backpropagated once, in one loss), no activation checkpointing (recomputation
-        would run under whichever adapter is active by then) and no DeepSpeed (ZeRO-3 releases the gathered
-        weights after sampling). Dropout is off in every module, so the sampling (eval) and update (train)
-        forwards agree. `reuse_rollout_prefill=False` switches it off. `num_rows`: the most (row, turn) pairs the
-        iteration can have."""
+        no earlier optimizer step of the iteration on that agent's weights) and the prefill's graph can wait for
+        the update (`graphs_can_wait_for_the_update`). Dropout is off in every module, so the sampling (eval) and
+        update (train) forwards agree. `reuse_rollout_prefill=False` switches it off. `num_rows`: the most
+        (row, turn) pairs the iteration can have."""
+        return (
+            self.args.reuse_rollout_prefill
+            and one_look
+            and self.graphs_can_wait_for_the_update(num_rows)
+            and self.sampler.backend.keeps_prompt_graph
+        )
+
+    def graphs_can_wait_for_the_update(self, num_pairs: int) -> bool:
+        """Whether graphs built before the update's first backward (the kept prompt prefill, the deferred critic
+        values) can be held until it: all `num_pairs` (row, turn) pairs in one micro-batch (each graph is
+        backpropagated once, in one loss), no activation checkpointing (a recomputation would run under whichever
+        adapter is active by then) and no DeepSpeed (ZeRO-3 gathers and releases the weights around each pass)."""
         args = self.args
         return (
-            args.reuse_rollout_prefill
-            and one_look
-            and num_rows <= self.micro_batch_rows()
-            and not args.activation_checkpointing
-            and not self.is_deepspeed_enabled
-            and self.sampler.backend.keeps_prompt_graph
+            num_pairs <= self.micro_batch_rows() and not args.activation_checkpointing and not self.is_deepspeed_enabled
         )
 
     @staticmethod
