@@ -88,13 +88,37 @@ PHASE_METHODS = {
 }
 
 
+def flop_counter():
+    """torch's FlopCounterMode (matmuls and attention, forward and backward), taught the CPU's own attention kernels,
+    which torch 2.13's registry lacks (it knows the CUDA flash / efficient ones): without them a CPU run would count
+    no attention at all. Counts are dense (a masked-out score counts as computed), as torch counts its own kernels."""
+    from torch.utils import flop_counter as fc
+
+    aten = torch.ops.aten
+
+    def forward(query, key, value, *args, out_shape=None, **kwargs):
+        return fc.sdpa_flop_count(query, key, value)
+
+    def backward(grad_out, query, key, value, *args, out_shape=None, **kwargs):
+        return fc.sdpa_backward_flop_count(grad_out, query, key, value)
+
+    mapping = {
+        aten._scaled_dot_product_flash_attention_for_cpu: forward,
+        aten._scaled_dot_product_flash_attention_for_cpu_backward: backward,
+    }
+    return fc.FlopCounterMode(display=False, custom_mapping=mapping)
+
+
 class PhaseTimer:
-    """Wraps each phase's trainer method (PHASE_METHODS; instance attributes, the library is untouched)."""
+    """Wraps each phase's trainer method (PHASE_METHODS; instance attributes, the library is untouched). With a
+    `counter` (flop_counter(), entered around the iteration) it also sums each phase's FLOPs into `flops`."""
 
     def __init__(self, trainer, device: str):
         self.device = device
         self.times: dict[str, float] = {}
         self.cpu_times: dict[str, float] = {}
+        self.flops: dict[str, int] = {}
+        self.counter = None
         self.last_rollout = None
         for phase, methods in PHASE_METHODS.items():
             method = next(m for m in methods if hasattr(trainer, m))
@@ -105,10 +129,13 @@ class PhaseTimer:
         def wrapped(*args, **kwargs):
             _sync(self.device)
             t0, c0 = time.perf_counter(), time.process_time()
+            f0 = self.counter.get_total_flops() if self.counter is not None else 0
             out = fn(*args, **kwargs)
             _sync(self.device)
             self.times[name] = self.times.get(name, 0.0) + time.perf_counter() - t0
             self.cpu_times[name] = self.cpu_times.get(name, 0.0) + time.process_time() - c0
+            if self.counter is not None:
+                self.flops[name] = self.flops.get(name, 0) + self.counter.get_total_flops() - f0
             if name == "rollout":
                 self.last_rollout = out
             return out
@@ -118,6 +145,7 @@ class PhaseTimer:
     def reset(self):
         self.times = {}
         self.cpu_times = {}
+        self.flops = {}
 
 
 # ---------------------------------------------------------------------------------------------- one config

@@ -5,7 +5,9 @@ adapter per agent plus the critic's adapter and head for CC / DC), 8 chat episod
 iteration, both agents forced to 64 new tokens (the stop id is outside the vocabulary), one torch thread, PPO as the
 table runs it (1 epoch, no KL). Per measurement it prints CPU milliseconds per generated token of the whole
 iteration, of its rollout, scoring and update, and of a bare `generate()` of the same adapters on the same prompts
-at the same batch; and this machine's matmul roofline (GFLOP/s, float32 and bf16) with its CPU flags.
+at the same batch; and this machine's matmul roofline (GFLOP/s, float32 and bf16) with its CPU flags. With
+`--count-flops`, one more (untimed) iteration counts each phase's FLOPs, and the table adds the floor: the CPU ms per
+token of that arithmetic at the roofline's rate.
 
 Rounds alternate the measured (tree, compute) pairs, each in a fresh process, so that a change of the machine's load
 hits them alike; the table gives medians over rounds and each pair's ratio to the first one. CPU seconds (not wall)
@@ -13,6 +15,7 @@ are the measure: with one thread they are what an idle run would take, whatever 
 
     python benchmarks/bench_workload.py --workload cc --compute fp32 bf16            # this tree, two dtypes
     python benchmarks/bench_workload.py --against /path/to/old/checkout --rounds 3   # this tree vs another one
+    python benchmarks/bench_workload.py --against /path/to/old/checkout --count-flops  # + FLOPs and their floor
     python benchmarks/bench_workload.py --smoke                                      # 2 episodes, 4 tokens
 """
 
@@ -104,7 +107,7 @@ def child(opts) -> dict:
 
     torch.set_num_threads(1)
     sys.path.insert(0, HERE)
-    from bench_iteration import PHASE_METHODS, PhaseTimer
+    from bench_iteration import PHASE_METHODS, PhaseTimer, flop_counter
 
     (compute,) = opts.compute  # the parent passes one; `--compute` is a list (a list never equals "bf16")
     bf16 = compute == "bf16"
@@ -138,24 +141,40 @@ def child(opts) -> dict:
                 results.append(
                     dict(total=total, tokens=made, gen_cpu=gen_cpu, gen_tokens=gen_tokens, **timer.cpu_times)
                 )
+        gflop = None
+        if opts.count_flops:  # one more iteration, counted and not timed: the counter's Python slows every op
+            i, timer.counter = i + 1, flop_counter()
+            timer.reset()
+            with timer.counter, trainer.accelerator.autocast():
+                trainer.training_iteration(rows[i * per_iter : (i + 1) * per_iter])
+                roll = timer.last_rollout
+                made = int(sum(int(turn[a].gen.response_mask.sum()) for turn in roll.turns for a in roll.agent_names))
+                total_flops = timer.counter.get_total_flops()
+                before = timer.counter.get_total_flops()
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                    _, gen_tokens = _bare_generate(trainer, roll, opts.response_length)
+                gen_flops = timer.counter.get_total_flops() - before
+            gflop = {k: timer.flops.get(k, 0) / made / 1e9 for k in PHASES if k != "total"}
+            gflop.update(total=total_flops / made / 1e9, generate=gen_flops / gen_tokens / 1e9)
     ms = {k: statistics.median(1000 * r.get(k, 0.0) / r["tokens"] for r in results) for k in PHASES}
     ms["generate"] = statistics.median(1000 * r["gen_cpu"] / r["gen_tokens"] for r in results)
-    return dict(ms_per_token=ms, tokens=results[0]["tokens"], autocast=sorted(autocast_seen))
+    return dict(ms_per_token=ms, gflop_per_token=gflop, tokens=results[0]["tokens"], autocast=sorted(autocast_seen))
 
 
 PHASES = ("total", "rollout", "score_rollout", "update")
 
 
-def roofline() -> str:
+def roofline() -> tuple[str, dict[str, float]]:
+    """This machine's flags and its one-thread 1024 x 1024 matmul rate per compute dtype (GFLOP per CPU-second)."""
     import torch
 
     torch.set_num_threads(1)
     from trl_collm.hardware import cpu_description, matmul_gflops
 
-    return (
-        f"{cpu_description()}; one thread, 1024x1024 matmul: float32 {matmul_gflops(torch.float32):.0f} GFLOP/s, "
-        f"bf16 {matmul_gflops(torch.bfloat16):.0f} GFLOP/s"
-    )
+    rate = dict(fp32=matmul_gflops(torch.float32), bf16=matmul_gflops(torch.bfloat16))
+    text = f"{cpu_description()}; one thread, 1024x1024 matmul: float32 {rate['fp32']:.0f} GFLOP/s, "
+    text += f"bf16 {rate['bf16']:.0f} GFLOP/s"
+    return text, rate
 
 
 def main():
@@ -169,6 +188,12 @@ def main():
     p.add_argument("--iterations", type=int, default=1)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--json", default=None, help="also write the results here")
+    p.add_argument(
+        "--count-flops",
+        action="store_true",
+        help="also count each phase's FLOPs (one more iteration in the first round, not timed) and print the CPU ms "
+        "per token they take at this machine's matmul rate: the floor of that arithmetic",
+    )
     p.add_argument("--smoke", action="store_true", help="2 episodes (MC: 4 samples), 4 tokens, 1 round")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     opts = p.parse_args()
@@ -180,13 +205,15 @@ def main():
         return
     trees = [ROOT, *[os.path.abspath(t) for t in opts.against]]
     pairs = [(t, c) for t in trees for c in opts.compute]
-    print(roofline(), flush=True)
+    roof_text, rate = roofline()
+    print(roof_text, flush=True)
     got: dict = {pair: [] for pair in pairs}
     for r in range(opts.rounds):
         for tree, compute in pairs if r % 2 == 0 else pairs[::-1]:  # alternate the order too
             cmd = [sys.executable, os.path.abspath(__file__), "--child", "--workload", opts.workload]
             cmd += ["--compute", compute, "--batch", str(opts.batch), "--response-length", str(opts.response_length)]
             cmd += ["--iterations", str(opts.iterations), "--warmup", str(opts.warmup)]
+            cmd += ["--count-flops"] if opts.count_flops and r == 0 else []
             env = dict(os.environ, PYTHONPATH=tree, OMP_NUM_THREADS="1")
             out = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=tree)
             line = next((x for x in out.stdout.splitlines() if x.startswith("RESULT ")), None)
@@ -211,6 +238,11 @@ def main():
                 rounds=len(got[(tree, compute)]),
             )
         )
+        gflop = got[(tree, compute)][0].get("gflop_per_token")
+        if gflop:  # the floor: that arithmetic at the 1024 x 1024 matmul's rate, every FLOP as fast as the best GEMM
+            rows[-1].update(
+                gflop_per_token=gflop, floor_ms_per_token={k: 1000 * v / rate[compute] for k, v in gflop.items()}
+            )
     base = rows[0]["ms_per_token"]["total"]
     print(
         f"\n{opts.workload.upper()} workload: batch {opts.batch}, {opts.response_length} tokens, one thread; "
@@ -226,9 +258,25 @@ def main():
             f"{os.path.basename(r['tree']) or r['tree']:<28} {r['compute']:<7} {m['total']:>9.1f} {m['rollout']:>8.1f} "
             f"{m['score_rollout']:>7.1f} {m['update']:>7.1f} {m['generate']:>8.1f} {base / m['total']:>7.2f}x"
         )
+    if opts.count_flops:
+        print(
+            "\nArithmetic (torch's FlopCounterMode over one more iteration): GFLOP per generated token, and the floor: "
+            "the CPU ms per token that arithmetic takes at this machine's 1024x1024 matmul rate"
+        )
+        print(
+            f"{'tree':<28} {'compute':<7} {'iteration':>9} {'rollout':>8} {'update':>7} {'bare gen':>8} "
+            f"{'floor ms':>8} {'measured/floor':>14}"
+        )
+        for r in rows:
+            g, floor = r["gflop_per_token"], r["floor_ms_per_token"]["total"]
+            print(
+                f"{os.path.basename(r['tree']) or r['tree']:<28} {r['compute']:<7} {g['total']:>9.2f} "
+                f"{g['rollout']:>8.2f} {g['update']:>7.2f} {g['generate']:>8.2f} {floor:>8.1f} "
+                f"{r['ms_per_token']['total'] / floor:>13.2f}x"
+            )
     if opts.json:
         with open(opts.json, "w") as f:
-            json.dump(dict(options=vars(opts), rows=rows, roofline=roofline()), f, indent=1)
+            json.dump(dict(options=vars(opts), rows=rows, roofline=roof_text, matmul_gflops=rate), f, indent=1)
 
 
 if __name__ == "__main__":

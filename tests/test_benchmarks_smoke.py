@@ -162,3 +162,24 @@ def test_bench_prefix_smoke(tmp_path):
         # tiny smoke models it may decline); tests/test_prefix.py covers the cut's numbers and that choice.
         assert r["plain"]["saved"] == 0 <= r["shared"]["saved"] < r["shared"]["tokens"]
     assert "forward tokens skipped" in stdout
+
+
+def test_the_flop_counter_counts_cpu_attention_and_matmuls_by_hand():
+    """bench_iteration.flop_counter: torch's counter knows no CPU attention kernel; taught it, a forward + backward
+    of x @ W and of one attention call add up to the hand-counted FLOPs (2mnk per matmul; attention 4·B·H·S²·D
+    forward, and its backward the score recomputation plus four matmuls: 10·B·H·S²·D)."""
+    import torch
+    import torch.nn.functional as F
+
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    from bench_iteration import flop_counter
+
+    b, h, s, d = 2, 3, 5, 4
+    q, k, v = (torch.randn(b, h, s, d, requires_grad=True) for _ in range(3))
+    x, w = torch.randn(7, 6), torch.randn(6, 8, requires_grad=True)
+    with flop_counter() as counter:
+        F.scaled_dot_product_attention(q, k, v).sum().backward()
+        attention = counter.get_total_flops()
+        (x @ w).sum().backward()  # forward 2·7·6·8; backward only dW = xᵀ·g (x needs no gradient): 2·6·7·8
+    assert attention == 4 * b * h * s * s * d + 10 * b * h * s * s * d
+    assert counter.get_total_flops() - attention == 2 * 7 * 6 * 8 * 2
