@@ -183,3 +183,11 @@ def test_the_flop_counter_counts_cpu_attention_and_matmuls_by_hand():
         (x @ w).sum().backward()  # forward 2·7·6·8; backward only dW = xᵀ·g (x needs no gradient): 2·6·7·8
     assert attention == 4 * b * h * s * s * d + 10 * b * h * s * s * d
     assert counter.get_total_flops() - attention == 2 * 7 * 6 * 8 * 2
+
+
+def test_bench_decode_gemm_smoke(tmp_path):
+    """benchmarks/bench_decode_gemm.py: one row count, one repeat; a line per row count with its three rates."""
+    import re
+
+    stdout = run_script(["benchmarks/bench_decode_gemm.py", "--rows", "2", "--repeats", "1"], tmp_path)
+    assert re.search(r"^\s+2\s+\d+ GF/s\s+\d+ GF/s\s+\d+\.\d\s+\d+ GF/s$", stdout, re.M), stdout
