@@ -158,7 +158,16 @@ def child(opts) -> dict:
             gflop.update(total=total_flops / made / 1e9, generate=gen_flops / gen_tokens / 1e9)
     ms = {k: statistics.median(1000 * r.get(k, 0.0) / r["tokens"] for r in results) for k in PHASES}
     ms["generate"] = statistics.median(1000 * r["gen_cpu"] / r["gen_tokens"] for r in results)
-    return dict(ms_per_token=ms, gflop_per_token=gflop, tokens=results[0]["tokens"], autocast=sorted(autocast_seen))
+    import resource
+
+    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+    return dict(
+        ms_per_token=ms,
+        gflop_per_token=gflop,
+        tokens=results[0]["tokens"],
+        autocast=sorted(autocast_seen),
+        peak_rss_mib=peak_mib,
+    )
 
 
 PHASES = ("total", "rollout", "score_rollout", "update")
@@ -236,6 +245,7 @@ def main():
                 autocast=got[(tree, compute)][0]["autocast"],
                 ms_per_token=med,
                 rounds=len(got[(tree, compute)]),
+                peak_rss_mib=max(g.get("peak_rss_mib", 0.0) for g in got[(tree, compute)]),
             )
         )
         gflop = got[(tree, compute)][0].get("gflop_per_token")
@@ -250,13 +260,14 @@ def main():
     )
     print(
         f"{'tree':<28} {'compute':<7} {'iteration':>9} {'rollout':>8} {'score':>7} {'update':>7} "
-        f"{'bare gen':>8} {'speed-up':>8}"
+        f"{'bare gen':>8} {'speed-up':>8} {'peak MiB':>8}"
     )
     for r in rows:
         m = r["ms_per_token"]
         print(
             f"{os.path.basename(r['tree']) or r['tree']:<28} {r['compute']:<7} {m['total']:>9.1f} {m['rollout']:>8.1f} "
-            f"{m['score_rollout']:>7.1f} {m['update']:>7.1f} {m['generate']:>8.1f} {base / m['total']:>7.2f}x"
+            f"{m['score_rollout']:>7.1f} {m['update']:>7.1f} {m['generate']:>8.1f} {base / m['total']:>7.2f}x "
+            f"{r['peak_rss_mib']:>8,.0f}"
         )
     if opts.count_flops:
         print(

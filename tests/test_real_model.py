@@ -342,6 +342,7 @@ def test_the_workload_benchmark_reports_each_phase_per_generated_token(smollm2_n
     ms = row["ms_per_token"]
     # the label is what the update ran under (it once said bf16 while the child trained in float32)
     assert row["compute"] == compute and row["autocast"] == [autocast] and row["rounds"] == 1
+    assert row["peak_rss_mib"] > 500  # the child's own peak: the real model alone is ~520 MiB in float32
     assert ms["total"] >= ms["rollout"] + ms["score_rollout"] + ms["update"] - 1e-6
     assert ms["rollout"] > 0 and ms["update"] > 0
     assert ms["generate"] > 0 and "GFLOP/s" in proc.stdout and "1.00x" in proc.stdout
