@@ -58,10 +58,16 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def _peak_rss_mib() -> float:
+def peak_rss_mib() -> float:
+    """This process's peak resident memory so far (MiB)."""
     # ru_maxrss is KiB on Linux, bytes on macOS.
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return rss / (1024 * 1024) if sys.platform == "darwin" else rss / 1024
+
+
+def generated_tokens(roll) -> int:
+    """The tokens a rollout's agents generated, over every turn (padding excluded)."""
+    return int(sum(int(turn[a].gen.response_mask.sum()) for turn in roll.turns for a in roll.agent_names))
 
 
 def _prompts(n: int, offset: int) -> list[str]:
@@ -270,7 +276,7 @@ def run_config(config_name: str, size: str, opts) -> dict:
             _sync(opts.device)
             dt, dc = time.perf_counter() - t0, time.process_time() - c0
             roll = timer.last_rollout
-            n_tok = int(sum(int(turn[a].gen.response_mask.sum()) for turn in roll.turns for a in roll.agent_names))
+            n_tok = generated_tokens(roll)
             g_dt, g_cpu, g_tok = bare_generate(trainer, rows, opts.device)
             if i < opts.warmup:
                 continue
@@ -329,7 +335,7 @@ def run_config(config_name: str, size: str, opts) -> dict:
                 k: statistics.median(p.get(k, 0.0) for p in phases_cpu)
                 for k in ("rollout", "score_rollout", "update", "other")
             },
-            peak_rss_mib=_peak_rss_mib(),
+            peak_rss_mib=peak_rss_mib(),
             cuda_max_allocated_mib=torch.cuda.max_memory_allocated() / 2**20 if opts.device == "cuda" else None,
         )
         result["episodes_per_s"] = opts.batch / result["iteration_s"]

@@ -107,7 +107,7 @@ def child(opts) -> dict:
 
     torch.set_num_threads(1)
     sys.path.insert(0, HERE)
-    from bench_iteration import PHASE_METHODS, PhaseTimer, flop_counter
+    from bench_iteration import PHASE_METHODS, PhaseTimer, flop_counter, generated_tokens, peak_rss_mib
 
     (compute,) = opts.compute  # the parent passes one; `--compute` is a list (a list never equals "bf16")
     bf16 = compute == "bf16"
@@ -134,7 +134,7 @@ def child(opts) -> dict:
                 trainer.training_iteration(batch_rows)
             total = time.process_time() - c0
             roll = timer.last_rollout
-            made = int(sum(int(turn[a].gen.response_mask.sum()) for turn in roll.turns for a in roll.agent_names))
+            made = generated_tokens(roll)
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
                 gen_cpu, gen_tokens = _bare_generate(trainer, roll, opts.response_length)
             if i >= opts.warmup:
@@ -148,25 +148,20 @@ def child(opts) -> dict:
             with timer.counter, trainer.accelerator.autocast():
                 trainer.training_iteration(rows[i * per_iter : (i + 1) * per_iter])
                 roll = timer.last_rollout
-                made = int(sum(int(turn[a].gen.response_mask.sum()) for turn in roll.turns for a in roll.agent_names))
-                total_flops = timer.counter.get_total_flops()
-                before = timer.counter.get_total_flops()
+                made, total_flops = generated_tokens(roll), timer.counter.get_total_flops()
                 with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
                     _, gen_tokens = _bare_generate(trainer, roll, opts.response_length)
-                gen_flops = timer.counter.get_total_flops() - before
+                gen_flops = timer.counter.get_total_flops() - total_flops
             gflop = {k: timer.flops.get(k, 0) / made / 1e9 for k in PHASES if k != "total"}
             gflop.update(total=total_flops / made / 1e9, generate=gen_flops / gen_tokens / 1e9)
     ms = {k: statistics.median(1000 * r.get(k, 0.0) / r["tokens"] for r in results) for k in PHASES}
     ms["generate"] = statistics.median(1000 * r["gen_cpu"] / r["gen_tokens"] for r in results)
-    import resource
-
-    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
     return dict(
         ms_per_token=ms,
         gflop_per_token=gflop,
         tokens=results[0]["tokens"],
         autocast=sorted(autocast_seen),
-        peak_rss_mib=peak_mib,
+        peak_rss_mib=peak_rss_mib(),
     )
 
 
