@@ -498,7 +498,11 @@ def paired_lines(runs: list[dict], start: dict, resample_rows: list[dict]) -> li
 
 def report(task, out_dir, png_prefix, s, sweep_seed) -> str:
     """The table (Markdown) from the runs saved so far, labelled with how complete each cell is; writes the JSON
-    and the learning-curve figure."""
+    and the learning-curve figure.
+
+    It covers every method of the task's target and of `s`, whatever this call trains (`--methods mc` runs one cell;
+    the JSON and the figure it rewrites stay the whole table)."""
+    s = dict(s, methods=tuple(dict.fromkeys([*TASKS[task]["methods"], *s["methods"]])))
     path = start_path(out_dir, task, s)
     start = json.load(open(path)) if os.path.exists(path) else None
     runs = sweep_runs(out_dir, task, s)

@@ -102,6 +102,11 @@ def test_rates_chosen_on_the_sweep_seed_and_partial_cells_labelled(tmp_path):
     assert cc["seeds"] == 2 and cc["cols"][0][0] == pytest.approx((1.4 + 1.2) / 2)  # the chosen rate's seeds only
     assert "| starting model |" in text and "| 95.2 |" in text  # the paper's CC TLDR figure beside ours
     assert os.path.exists(str(tmp_path / "fig") + "_writing-summary_curves.png")
+    # a call that trains one method (`--methods mc`) rewrites the same JSON: it must stay the whole table
+    text = real_findings.report("writing-summary", str(tmp_path), str(tmp_path / "fig"), dict(s, methods=("mc",)), 0)
+    assert "- CC: lr 0.001 chosen of [0.0003, 0.001]" in text and "- DC: no finished run - MISSING" in text
+    blob = json.loads((tmp_path / "real_findings_writing-summary.json").read_text())
+    assert {"cc", "mc"} <= {r["method"] for r in blob["table"]["rows"]}
 
 
 def test_code_levels_take_each_episodes_last_attempt():
