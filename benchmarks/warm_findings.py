@@ -279,6 +279,26 @@ COLUMNS = {
 }
 
 
+def kept_runs(saved: list[dict], reuse: bool, methods, smoke: bool, budget: int) -> list[dict]:
+    """The saved runs a call keeps: all with --reuse; without it, all but those it runs again (its methods at its
+    size). A call that trains one method must not drop the others' runs from the JSON it rewrites."""
+    if reuse:
+        return list(saved)
+    return [r for r in saved if not (r["method"] in methods and bool(r["smoke"]) == smoke and r["budget"] == budget)]
+
+
+def table_runs(results: list[dict], task_name: str, smoke: bool, budget: int, sweep_seed: int):
+    """Every method's runs of this task and size at its chosen rate (the best final training return on the sweep
+    seed), whichever call ran them: (chosen rates, runs)."""
+    same = [r for r in results if r["task"] == task_name and bool(r["smoke"]) == smoke and r["budget"] == budget]
+    chosen = {}
+    for m in METHODS:
+        score = {r["lr"]: final(r["curve"]) for r in same if r["method"] == m and r["seed"] == sweep_seed}
+        if score:
+            chosen[m] = max(score, key=score.get)
+    return chosen, [r for r in same if r["lr"] == chosen.get(r["method"])]
+
+
 def _value(e, key):
     return key(e) if callable(key) else e[key]
 
@@ -371,7 +391,12 @@ def main():
     )
     p.add_argument("--sweep-seed", type=int, default=0, help="the seed every rate runs on; the others use the best")
     p.add_argument("--jobs", type=int, default=1, help="runs at once (separate processes, one CPU thread each)")
-    p.add_argument("--reuse", action="store_true", help="keep the runs already in --out")
+    p.add_argument(
+        "--reuse",
+        action="store_true",
+        help="keep every run already in the JSON (without: this call's methods at its size run again; the other "
+        "methods' runs stay)",
+    )
     p.add_argument("--warm-root", default="/tmp/trl_collm_warm", help="warm-start folders: ROOT/<task>[-smoke]")
     p.add_argument(
         "--out-dir", default=None, help="JSON per task: OUT_DIR/warm_findings_<task>.json (default docs/data)"
@@ -474,14 +499,14 @@ def main():
         s = settings(task_name, a.smoke, a.budget)
         blob[task_name] = {"warm_config": str(warm_config(task_name, a.smoke))}
         saved = {}
-        if a.reuse and os.path.exists(out_of(task_name)):
+        if os.path.exists(out_of(task_name)):
             with open(out_of(task_name)) as f:
                 saved = json.load(f)
-            results += saved.get("runs", [])
+            results += kept_runs(saved.get("runs", []), a.reuse, a.methods, a.smoke, s["budget"])
         t0 = time.time()
         warm = make_warm_start(warm_dir(task_name), warm_config(task_name, a.smoke), progress=not a.smoke)
         print(f"{task_name}: warm start {warm} ({time.time() - t0:.0f}s)", flush=True)
-        if saved.get("warm") and saved.get("warm_config") == blob[task_name]["warm_config"]:
+        if a.reuse and saved.get("warm") and saved.get("warm_config") == blob[task_name]["warm_config"]:
             warm_eval = saved["warm"]  # the same warm start, scored with the same seed: no need to play it again
         else:
             warm_eval = evaluate(task_name, warm, s)
@@ -520,10 +545,11 @@ def main():
         rest = [(task_name, m, seed, chosen[m]) for seed in a.seeds if seed != a.sweep_seed for m in chosen]
         with concurrent.futures.ThreadPoolExecutor(max_workers=a.jobs) as pool:
             rows += [r for r in pool.map(launch, rest) if r is not None]
-        mine = [r for r in rows if r["lr"] == chosen.get(r["method"])]
+        # The table and its figure: every method in the file, not only this call's (kept_runs).
+        chosen_all, mine = table_runs(results, task_name, a.smoke, s["budget"], a.sweep_seed)
         t = table(mine, task_name, warm_eval)
         t.update(
-            chosen=chosen,
+            chosen=chosen_all,
             seeds=a.seeds,
             sweep_seed=a.sweep_seed,
             lrs=lrs,

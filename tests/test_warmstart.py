@@ -202,6 +202,30 @@ def test_findings_table_and_figures(tmp_path):
     assert png.stat().st_size > 1000
 
 
+def test_a_one_method_call_keeps_the_other_methods_runs_and_table():
+    # a --methods mc call without --reuse reruns MC at its size; CC's runs and MC's at another budget stay
+    def run(method, seed, lr, last, budget=64, smoke=False):
+        return dict(
+            task="building-str",
+            method=method,
+            seed=seed,
+            lr=lr,
+            curve=[(8, 0.0), (16, last)],
+            budget=budget,
+            smoke=smoke,
+        )
+
+    saved = [run("cc", 0, 1e-3, 0.5), run("cc", 0, 3e-3, 0.9), run("cc", 1, 3e-3, 0.7), run("mc", 0, 1e-3, 0.4)]
+    saved += [run("mc", 0, 1e-3, 0.4, budget=32), run("mc", 0, 1e-3, 0.4, smoke=True)]
+    kept = warm_findings.kept_runs(saved, False, ["mc"], False, 64)
+    assert kept == saved[:3] + saved[4:]
+    assert warm_findings.kept_runs(saved, True, ["mc"], False, 64) == saved
+    new_mc = [run("mc", 0, 1e-2, 0.8), run("mc", 0, 3e-2, 0.6), run("mc", 1, 1e-2, 0.75)]
+    chosen, mine = warm_findings.table_runs(kept + new_mc, "building-str", False, 64, 0)
+    assert chosen == {"cc": 3e-3, "mc": 1e-2}  # CC's rate from its saved sweep-seed runs, not from seed 1
+    assert mine == [saved[1], saved[2], new_mc[0], new_mc[2]]
+
+
 def test_tags_run_trains_from_a_warm_start(tags_warm):
     row = warm_findings.run_one("writing-tags", tags_warm, "cc", 0, 1e-3, True, None)
     assert row["curve"][-1][0] == warm_findings.SMOKE["budget"]  # env steps counted up to the budget
