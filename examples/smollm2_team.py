@@ -57,8 +57,14 @@ class IterationBar(TrainerCallback):
     """A progress bar over the training iterations (ETA from the first one) and one line per iteration."""
 
     def __init__(self, total: int):
-        self.bar = tqdm(total=total, desc="training", unit="it", dynamic_ncols=True)
+        self.total = total
+        self.bar = None
         self.curve: list[float] = []
+
+    def on_train_begin(self, *args, **kwargs):
+        # Opened here, not when the callback is made: the held-out plays before training would count as the first
+        # iteration's time and inflate the ETA.
+        self.bar = tqdm(total=self.total, desc="training", unit="it", dynamic_ncols=True)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if logs and "objective/scores" in logs:
@@ -71,7 +77,8 @@ class IterationBar(TrainerCallback):
             self.bar.update(1)
 
     def on_train_end(self, *args, **kwargs):
-        self.bar.close()
+        if self.bar is not None:
+            self.bar.close()
 
 
 def play(team, rows, response_length: int, temperature: float, desc: str, bf16: bool) -> list[dict]:

@@ -315,6 +315,8 @@ def test_the_smollm2_example_reports_paired_held_out_scores_and_saves_a_team(smo
     assert re.search(r"change, paired play by play: [+-]\d\.\d+ \+- \d\.\d+ \(SE\): (beyond|within) noise", text)
     assert len(re.findall(r"\[post [12]\] (concise|detailed) \(\d+ words\): ", text)) == 8  # 2 posts x 2 x before/after
     assert "iteration 1: sampled team score" in proc.stderr + text
+    # the training bar opens when training does: the held-out plays before it must not count in its ETA
+    assert proc.stderr.index("training:") > proc.stderr.rindex("held-out plays, before"), proc.stderr[-4000:]
     team = load_team(str(out))
     assert team.names == ["concise", "detailed"]
 
