@@ -1,6 +1,8 @@
 """Is a seeded real-model run reproducible on this machine? The same MC run (LoRA SmolLM2 team, writing-summary)
 twice in fresh processes, one thread each; prints each iteration's training return and whether the final adapter
-weights are bitwise equal. Issue 28 saw a re-run match a table run for 3 iterations and then differ.
+weights are bitwise equal. Issue 28 saw a re-run match a table run for 3 iterations and then differ: the two
+had different budgets, so the linear learning-rate decay stepped them at different rates from the second update
+(docs/real_findings.md, tests/test_mc.py); this check runs both at one budget.
 
     python benchmarks/repro_check.py [--iterations 4] [--tokens 16] [--compute fp32|bf16] [--threads 1]
 """

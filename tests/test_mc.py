@@ -315,3 +315,51 @@ def test_mc_micro_batch_holds_every_sample_of_its_prompts(tmp_path, qwen_path, p
     trainer.train()
     # 2 iterations x 2 agents, one part each with all 2 prompts x 3 samples (REINFORCE: no scoring forwards).
     assert rows == [6] * 4
+
+
+@pytest.mark.parametrize("schedule", ["linear", "constant"])
+def test_a_longer_budget_repeats_a_shorter_runs_start_only_at_a_constant_rate(
+    tmp_path, qwen_path, prompts_dataset, schedule
+):
+    """Why a seeded run with a larger budget matches a shorter one for a few iterations, then parts (issue 28's MC
+    seed 0 at 128 env steps against the table's 64): the default schedule decays the rate linearly to zero over the
+    run's own length, so from the second update on the two runs step at different rates. With a constant rate the
+    longer run's first iterations are the shorter run, bitwise."""
+    from transformers import TrainerCallback
+
+    from trl_collm.testing import CPU_RUN_SETTINGS
+
+    def weights_after_iterations_1_and_2(iterations: int) -> dict[int, list[torch.Tensor]]:
+        args = MultiAgentMCConfig(
+            output_dir=str(tmp_path / f"out{iterations}"),
+            agent_names=["a", "b"],
+            num_generations=2,
+            per_device_train_batch_size=2,
+            total_episodes=2 * iterations,
+            response_length=4,
+            learning_rate=1e-2,
+            lr_scheduler_type=schedule,
+            seed=0,
+            **CPU_RUN_SETTINGS,
+        )
+        trainer = MultiAgentMCTrainer(args=args, model=qwen_path, train_dataset=prompts_dataset, reward_funcs=_reward)
+        seen = {}
+
+        class Snapshot(TrainerCallback):
+            def on_step_end(self, args, state, control, **kwargs):
+                if state.global_step in (1, 2):
+                    team = trainer.team
+                    seen[state.global_step] = [p.detach().clone() for a in team.names for p in team.agent_parameters(a)]
+
+        trainer.add_callback(Snapshot())
+        trainer.train()
+        assert trainer.state.global_step == iterations  # one optimizer step per iteration here
+        return seen
+
+    short, longer = weights_after_iterations_1_and_2(2), weights_after_iterations_1_and_2(4)
+
+    def same(step):
+        return all(torch.equal(x, y) for x, y in zip(short[step], longer[step], strict=True))
+
+    assert same(1)  # the first update runs at the initial rate in both
+    assert same(2) == (schedule == "constant")
