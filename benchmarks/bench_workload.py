@@ -16,6 +16,7 @@ are the measure: with one thread they are what an idle run would take, whatever 
     python benchmarks/bench_workload.py --workload cc --compute fp32 bf16            # this tree, two dtypes
     python benchmarks/bench_workload.py --against /path/to/old/checkout --rounds 3   # this tree vs another one
     python benchmarks/bench_workload.py --against /path/to/old/checkout --count-flops  # + FLOPs and their floor
+    python benchmarks/bench_workload.py --compute fp32 --activation-checkpointing   # the memory / compute trade
     python benchmarks/bench_workload.py --smoke                                      # 2 episodes, 4 tokens
 """
 
@@ -43,9 +44,10 @@ def _model_path() -> str:
     return smollm2_135m_instruct()
 
 
-def _trainer(workload: str, batch: int, tokens: int, bf16: bool, out_dir: str):
+def _trainer(workload: str, batch: int, tokens: int, bf16: bool, out_dir: str, checkpointing: bool = False):
     """The workload's trainer, configured by warm_findings.method_config (the tables' own settings: PPO 1 epoch, no
-    KL; MC G = 4), with the benchmark's overrides: its dtype, and a stop id outside the vocabulary."""
+    KL; MC G = 4), with the benchmark's overrides: its dtype, a stop id outside the vocabulary, and activation
+    checkpointing when asked (memory for compute; it also turns off the kept prompt prefill)."""
     from peft import LoraConfig
     from transformers import AutoTokenizer
 
@@ -66,6 +68,7 @@ def _trainer(workload: str, batch: int, tokens: int, bf16: bool, out_dir: str):
         output_dir=out_dir,
         bf16=bf16,
         stop_token_id=len(AutoTokenizer.from_pretrained(path)),  # never sampled: every text runs to `tokens`
+        **({"activation_checkpointing": True} if checkpointing else {}),
     )
     trainer = cls(
         args=args,
@@ -112,7 +115,9 @@ def child(opts) -> dict:
     (compute,) = opts.compute  # the parent passes one; `--compute` is a list (a list never equals "bf16")
     bf16 = compute == "bf16"
     with tempfile.TemporaryDirectory(prefix="bench-workload-") as out_dir:
-        trainer, rows = _trainer(opts.workload, opts.batch, opts.response_length, bf16, out_dir)
+        trainer, rows = _trainer(
+            opts.workload, opts.batch, opts.response_length, bf16, out_dir, opts.activation_checkpointing
+        )
         timer = PhaseTimer(trainer, "cpu")
         autocast_seen = set()  # what the update really ran under: the measurement's label is checked against it
         update_method = next(m for m in PHASE_METHODS["update"] if hasattr(trainer, m))  # PPO: update, MC: run_updates
@@ -161,6 +166,10 @@ def child(opts) -> dict:
         gflop_per_token=gflop,
         tokens=results[0]["tokens"],
         autocast=sorted(autocast_seen),
+        # what the models run with (transformers sets `gradient_checkpointing` on the layer stacks), not the config
+        activation_checkpointing=any(
+            getattr(m, "gradient_checkpointing", False) is True for m in trainer.team.modules()
+        ),
         peak_rss_mib=peak_rss_mib(),
     )
 
@@ -198,6 +207,11 @@ def main():
         help="also count each phase's FLOPs (one more iteration in the first round, not timed) and print the CPU ms "
         "per token they take at this machine's matmul rate: the floor of that arithmetic",
     )
+    p.add_argument(
+        "--activation-checkpointing",
+        action="store_true",
+        help="train with activation checkpointing (less memory, more compute; the peak is in the table)",
+    )
     p.add_argument("--smoke", action="store_true", help="2 episodes (MC: 4 samples), 4 tokens, 1 round")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     opts = p.parse_args()
@@ -218,6 +232,7 @@ def main():
             cmd += ["--compute", compute, "--batch", str(opts.batch), "--response-length", str(opts.response_length)]
             cmd += ["--iterations", str(opts.iterations), "--warmup", str(opts.warmup)]
             cmd += ["--count-flops"] if opts.count_flops and r == 0 else []
+            cmd += ["--activation-checkpointing"] if opts.activation_checkpointing else []
             env = dict(os.environ, PYTHONPATH=tree, OMP_NUM_THREADS="1")
             out = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=tree)
             line = next((x for x in out.stdout.splitlines() if x.startswith("RESULT ")), None)
@@ -227,6 +242,11 @@ def main():
             expected = ["bfloat16"] if compute == "bf16" else ["off"]
             if result.get("autocast") != expected:  # a label that does not say what ran is worse than no figure
                 sys.exit(f"the {compute} measurement in {tree} updated under autocast {result.get('autocast')}")
+            if result.get("activation_checkpointing") != opts.activation_checkpointing:
+                sys.exit(
+                    f"the measurement in {tree} ran with activation_checkpointing="
+                    f"{result.get('activation_checkpointing')}, not {opts.activation_checkpointing}"
+                )
             got[(tree, compute)].append(result)
             ms = got[(tree, compute)][-1]["ms_per_token"]
             print(f"round {r + 1}: {tree} {compute}: {ms['total']:.1f} CPU ms per generated token", flush=True)
@@ -238,6 +258,7 @@ def main():
                 tree=tree,
                 compute=compute,
                 autocast=got[(tree, compute)][0]["autocast"],
+                activation_checkpointing=opts.activation_checkpointing,
                 ms_per_token=med,
                 rounds=len(got[(tree, compute)]),
                 peak_rss_mib=max(g.get("peak_rss_mib", 0.0) for g in got[(tree, compute)]),
@@ -250,7 +271,8 @@ def main():
             )
     base = rows[0]["ms_per_token"]["total"]
     print(
-        f"\n{opts.workload.upper()} workload: batch {opts.batch}, {opts.response_length} tokens, one thread; "
+        f"\n{opts.workload.upper()} workload: batch {opts.batch}, {opts.response_length} tokens, one thread"
+        f"{', activation checkpointing' if opts.activation_checkpointing else ''}; "
         "CPU ms per generated token (median over rounds)"
     )
     print(

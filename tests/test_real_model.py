@@ -338,12 +338,16 @@ def test_the_workload_benchmark_reports_each_phase_per_generated_token(smollm2_n
     compute, autocast = ("bf16", "bfloat16") if cpu_has_native_bf16() else ("fp32", "off")
     cmd = [sys.executable, script, "--smoke", "--workload", workload, "--compute", compute, "--json", str(out)]
     cmd += ["--count-flops"]
+    checkpointing = workload == "mc"  # one of the two measures the memory / compute trade's switch
+    cmd += ["--activation-checkpointing"] if checkpointing else []
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=root)
     assert proc.returncode == 0, proc.stderr[-4000:]
     (row,) = json.loads(out.read_text())["rows"]
     ms = row["ms_per_token"]
     # the label is what the update ran under (it once said bf16 while the child trained in float32)
     assert row["compute"] == compute and row["autocast"] == [autocast] and row["rounds"] == 1
+    # checked by the driver against the child's models (their layer stacks' gradient_checkpointing)
+    assert row["activation_checkpointing"] is checkpointing
     assert row["peak_rss_mib"] > 500  # the child's own peak: the real model alone is ~520 MiB in float32
     assert ms["total"] >= ms["rollout"] + ms["score_rollout"] + ms["update"] - 1e-6
     assert ms["rollout"] > 0 and ms["update"] > 0
