@@ -705,7 +705,7 @@ def main():
     # 2) the other seeds at each method's chosen rate
     chosen = choose_rates(sweep_runs(out_dir, a.task, s), s["methods"], a.sweep_seed)
     for m in s["methods"]:
-        if m not in chosen:  # its sweep-seed runs failed (their logs say why): no rate to run the other seeds at
+        if m not in chosen and not a.report_only:  # its sweep-seed runs failed (their logs say why): no rate yet
             print(f"  {m}: no finished run on the sweep seed {a.sweep_seed}; its other seeds wait for one", flush=True)
     rest = [(m, seed, chosen[m]) for seed in s["seeds"] if seed != a.sweep_seed for m in chosen]
     with concurrent.futures.ThreadPoolExecutor(max_workers=a.jobs) as pool:
