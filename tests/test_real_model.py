@@ -337,9 +337,11 @@ def test_the_workload_benchmark_reports_each_phase_per_generated_token(smollm2_n
     # so float32, whose label is checked the same way
     compute, autocast = ("bf16", "bfloat16") if cpu_has_native_bf16() else ("fp32", "off")
     cmd = [sys.executable, script, "--smoke", "--workload", workload, "--compute", compute, "--json", str(out)]
-    cmd += ["--count-flops"]
-    checkpointing = workload == "mc"  # one of the two measures the memory / compute trade's switch
-    cmd += ["--activation-checkpointing"] if checkpointing else []
+    # CC counts the FLOPs; MC measures the memory / compute trade's switch instead. Not both in one run: with
+    # checkpointing the smoke's update forwards every prompt token again (the kept prefill is off) and runs at
+    # ~1.3x its floor, too close for a roofline measured on a busy machine (it once read 1547 ms against 1437).
+    checkpointing = workload == "mc"
+    cmd += ["--activation-checkpointing"] if checkpointing else ["--count-flops"]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=root)
     assert proc.returncode == 0, proc.stderr[-4000:]
     (row,) = json.loads(out.read_text())["rows"]
@@ -352,8 +354,11 @@ def test_the_workload_benchmark_reports_each_phase_per_generated_token(smollm2_n
     assert ms["total"] >= ms["rollout"] + ms["score_rollout"] + ms["update"] - 1e-6
     assert ms["rollout"] > 0 and ms["update"] > 0
     assert ms["generate"] > 0 and "GFLOP/s" in proc.stdout and "1.00x" in proc.stdout
+    if checkpointing:
+        assert "gflop_per_token" not in row
+        return
     # the counted arithmetic: every phase's share of the iteration's, and the floor is below what was measured
-    # (the floor assumes every FLOP at the best GEMM's rate)
+    # (the floor assumes every FLOP at the best GEMM's rate; ~1.9x below it at this size)
     g, floor = row["gflop_per_token"], row["floor_ms_per_token"]
     assert g["rollout"] > 0 and g["update"] > 0 and g["generate"] > 0
     assert g["total"] >= g["rollout"] + g["score_rollout"] + g["update"] - 1e-9
