@@ -43,8 +43,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from paper_findings import _figure, final, plot_seed_band  # one implementation of each measure
-from warm_findings import format_table, method_config, table
+from paper_findings import _figure, plot_seed_band  # one implementation of each measure
+from warm_findings import choose_rates, format_table, method_config, table
 
 MODEL = "smollm2-135m-instruct"
 EVAL_SEED = 1234
@@ -431,16 +431,6 @@ def sweep_runs(out_dir, task, s: dict, unfinished: bool = False) -> list[dict]:
         return all(r.get(k, "fp32" if k == "compute" else None) == s[k] for k in SIZE_KEYS)
 
     return [r for r in load_runs(out_dir, task, unfinished) if same_size(r)]
-
-
-def choose_rates(runs, methods, sweep_seed) -> dict:
-    """Per method, the rate with the best final training return on the sweep seed (among the rates run so far)."""
-    chosen = {}
-    for m in methods:
-        score = {r["lr"]: final(r["curve"]) for r in runs if r["method"] == m and r["seed"] == sweep_seed}
-        if score:
-            chosen[m] = max(score, key=score.get)
-    return chosen
 
 
 def _mean_se(xs: list[float]) -> tuple[float, float]:

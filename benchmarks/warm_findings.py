@@ -287,15 +287,21 @@ def kept_runs(saved: list[dict], reuse: bool, methods, smoke: bool, budget: int)
     return [r for r in saved if not (r["method"] in methods and bool(r["smoke"]) == smoke and r["budget"] == budget)]
 
 
-def table_runs(results: list[dict], task_name: str, smoke: bool, budget: int, sweep_seed: int):
-    """Every method's runs of this task and size at its chosen rate (the best final training return on the sweep
-    seed), whichever call ran them: (chosen rates, runs)."""
-    same = [r for r in results if r["task"] == task_name and bool(r["smoke"]) == smoke and r["budget"] == budget]
+def choose_rates(runs, methods, sweep_seed) -> dict:
+    """Per method, the rate with the best final training return on the sweep seed (among the rates run so far)."""
     chosen = {}
-    for m in METHODS:
-        score = {r["lr"]: final(r["curve"]) for r in same if r["method"] == m and r["seed"] == sweep_seed}
+    for m in methods:
+        score = {r["lr"]: final(r["curve"]) for r in runs if r["method"] == m and r["seed"] == sweep_seed}
         if score:
             chosen[m] = max(score, key=score.get)
+    return chosen
+
+
+def table_runs(results: list[dict], task_name: str, smoke: bool, budget: int, sweep_seed: int):
+    """Every method's runs of this task and size at its chosen rate (`choose_rates`), whichever call ran them:
+    (chosen rates, runs)."""
+    same = [r for r in results if r["task"] == task_name and bool(r["smoke"]) == smoke and r["budget"] == budget]
+    chosen = choose_rates(same, METHODS, sweep_seed)
     return chosen, [r for r in same if r["lr"] == chosen.get(r["method"])]
 
 
