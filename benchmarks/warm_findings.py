@@ -535,12 +535,9 @@ def main():
         ]
         with concurrent.futures.ThreadPoolExecutor(max_workers=a.jobs) as pool:
             rows = [r for r in pool.map(launch, sweep) if r is not None]
-        chosen = {}
-        for m in a.methods:
+        chosen = choose_rates(rows, a.methods, a.sweep_seed)
+        for m in chosen:
             score = {r["lr"]: final(r["curve"]) for r in rows if r["method"] == m}
-            if not score:
-                continue
-            chosen[m] = max(score, key=score.get)
             print(
                 f"{task_name} {m.upper()}: final training return by lr "
                 + ", ".join(f"{lr:g}: {v:.3f}" for lr, v in sorted(score.items()))
