@@ -191,3 +191,30 @@ def test_bench_decode_gemm_smoke(tmp_path):
 
     stdout = run_script(["benchmarks/bench_decode_gemm.py", "--rows", "2", "--repeats", "1"], tmp_path)
     assert re.search(r"^\s+2\s+\d+ GF/s\s+\d+ GF/s\s+\d+\.\d\s+\d+ GF/s$", stdout, re.M), stdout
+
+
+def test_bench_precisions_smoke_and_a_really_quantized_int8_layer(tmp_path):
+    """benchmarks/bench_precisions.py: float32 is its own 1.00x baseline, int8 gets a row; and its int8 layer really
+    is quantized (quantize_dynamic given a bare Linear would have left it float32 and timed float32 twice)."""
+    import re
+    import sys
+
+    import torch
+
+    stdout = run_script(["benchmarks/bench_precisions.py", "--formats", "float32", "int8", "--repeats", "1"], tmp_path)
+    assert re.search(r"^\s+float32\s+\d+\.\d \(1\.00x\)\s+\d+\.\d \(1\.00x\)$", stdout, re.M), stdout
+    assert re.search(r"^\s+int8\s+\d+\.\d \(\d\.\d\dx\)\s+\d+\.\d \(\d\.\d\dx\)$", stdout, re.M), stdout
+
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    try:
+        import bench_precisions
+    finally:
+        sys.path.pop(0)
+    torch.manual_seed(0)
+    w, x = torch.randn(64, 32) / 32**0.5, torch.randn(4, 32)
+    (layer,) = bench_precisions.linears("int8", [w])
+    assert type(layer[0]) is not torch.nn.Linear  # swapped for torch.ao's dynamically quantized Linear
+    with torch.no_grad():
+        exact, quantized = x @ w.T, layer(x)
+    err = (quantized - exact).abs().max().item()
+    assert 0 < err < 0.05 * exact.abs().max().item()  # int8 rounding: close to float32, not equal to it
