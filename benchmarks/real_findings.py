@@ -25,7 +25,8 @@ Held-out plays are paired: the trained team and the starting model play the same
 the change of each play is measured against its own starting play (mean +- standard error over plays), beside the
 starting model's own re-sampling range (`--resample-seeds`).
 The table is built from whatever runs exist and says how many seeds and env steps each cell has against the target.
-Writes OUT_DIR/real_findings_<task>.json (the table) and PREFIX_<task>_curves.png; prints the table (Markdown).
+Writes OUT_DIR/real_findings_<task>-<size>.json (the table) and PREFIX_<task>-<size>_curves.png, <size> as in the
+run files (e.g. b128-bs8-t96-bf16), so tables of other sizes keep their own files; prints the table (Markdown).
 """
 
 from __future__ import annotations
@@ -367,11 +368,22 @@ COLUMNS = {
 COLUMNS["writing-revise"] = COLUMNS["writing-summary"]  # the same levels, of the final texts
 
 
+def size_tag(s) -> str:
+    """The settings that change a run's numbers (SIZE_KEYS), as run files and table files carry them in their names."""
+    dtype = "" if s.get("compute", "fp32") == "fp32" else f"-{s['compute']}"  # runs of another dtype never mix
+    return f"b{s['budget']}-bs{s['batch']}-t{s['response_length']}{dtype}"
+
+
 def run_path(out_dir, task, method, seed, lr, s) -> str:
     """A run's file: the settings that change its numbers are in its name, so runs of other sizes never mix."""
-    dtype = "" if s.get("compute", "fp32") == "fp32" else f"-{s['compute']}"  # runs of another dtype never mix
-    name = f"{method}-seed{seed}-lr{lr:g}-b{s['budget']}-bs{s['batch']}-t{s['response_length']}{dtype}.json"
-    return os.path.join(out_dir, task, name)
+    return os.path.join(out_dir, task, f"{method}-seed{seed}-lr{lr:g}-{size_tag(s)}.json")
+
+
+def table_paths(out_dir, png_prefix, task, s) -> tuple[str, str]:
+    """The table's JSON and its figure, named by the table's size too: a call at another budget or dtype (the
+    2026-12-01 half-budget table, then the 128-step one) writes its own files instead of replacing another table's."""
+    tag = size_tag(s)
+    return os.path.join(out_dir, f"real_findings_{task}-{tag}.json"), f"{png_prefix}_{task}-{tag}_curves.png"
 
 
 def partial_path(path) -> str:
@@ -537,9 +549,10 @@ def report(task, out_dir, png_prefix, s, sweep_seed) -> str:
         lines += ["held-out change against the starting model, play by play (every finished run):", *paired, ""]
     blob = dict(task=task, settings=s, start=start, chosen=chosen, runs=runs, stopped_early=stopped)
     blob["start_resampled"] = resample_rows
+    json_path, png_path = table_paths(out_dir, png_prefix, task, s)
     if (mine or stopped) and start:
         try:
-            plot_curves(mine, stopped, task, f"{png_prefix}_{task}_curves.png", start["return_mean"], s)
+            plot_curves(mine, stopped, task, png_path, start["return_mean"], s)
         except ImportError:
             pass
     if mine and start:
@@ -548,7 +561,7 @@ def report(task, out_dir, png_prefix, s, sweep_seed) -> str:
         extra = ("paper TLDR %", lambda m: f"{PAPER_TLDR.get(m, '-')}") if task == "writing-summary" else None
         lines.append(format_table(t, COLUMNS[task], start_name="starting model", extra=extra))
     os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, f"real_findings_{task}.json"), "w") as f:
+    with open(json_path, "w") as f:
         json.dump(blob, f, indent=1)
     return "\n".join(lines)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import sys
 
 import pytest
@@ -97,16 +98,26 @@ def test_rates_chosen_on_the_sweep_seed_and_partial_cells_labelled(tmp_path):
     assert dc in text
     mc = "MC: lr 0.001 chosen of [0.001] (target [0.001, 0.003]), 1/3 seeds, [8] env steps (target 128) - PARTIAL"
     assert mc in text
-    blob = json.loads((tmp_path / "real_findings_writing-summary.json").read_text())
+    blob = json.loads(pathlib.Path(real_findings.table_paths(str(tmp_path), "", "writing-summary", s)[0]).read_text())
     cc = next(r for r in blob["table"]["rows"] if r["method"] == "cc")
     assert cc["seeds"] == 2 and cc["cols"][0][0] == pytest.approx((1.4 + 1.2) / 2)  # the chosen rate's seeds only
     assert "| starting model |" in text and "| 95.2 |" in text  # the paper's CC TLDR figure beside ours
-    assert os.path.exists(str(tmp_path / "fig") + "_writing-summary_curves.png")
+    assert os.path.exists(real_findings.table_paths("", str(tmp_path / "fig"), "writing-summary", s)[1])
     # a call that trains one method (`--methods mc`) rewrites the same JSON: it must stay the whole table
     text = real_findings.report("writing-summary", str(tmp_path), str(tmp_path / "fig"), dict(s, methods=("mc",)), 0)
     assert "- CC: lr 0.001 chosen of [0.0003, 0.001]" in text and "- DC: no finished run - MISSING" in text
-    blob = json.loads((tmp_path / "real_findings_writing-summary.json").read_text())
+    blob = json.loads(pathlib.Path(real_findings.table_paths(str(tmp_path), "", "writing-summary", s)[0]).read_text())
     assert {"cc", "mc"} <= {r["method"] for r in blob["table"]["rows"]}
+    # a table of another size (here the batch-8 run) gets files of its own: this one's JSON and figure stay as they are
+    json_path, png_path = real_findings.table_paths(str(tmp_path), str(tmp_path / "fig"), "writing-summary", s)
+    before = pathlib.Path(json_path).read_bytes(), pathlib.Path(png_path).read_bytes()
+    real_findings.report("writing-summary", str(tmp_path), str(tmp_path / "fig"), dict(s, batch=8), 0)
+    assert (pathlib.Path(json_path).read_bytes(), pathlib.Path(png_path).read_bytes()) == before
+    json8, png8 = real_findings.table_paths(str(tmp_path), str(tmp_path / "fig"), "writing-summary", dict(s, batch=8))
+    assert json8 != json_path and png8 != png_path and "-bs8-" in json8
+    assert [(r["method"], r["seed"], r["batch"]) for r in json.loads(pathlib.Path(json8).read_text())["runs"]] == [
+        ("cc", 1, 8)
+    ]
 
 
 def test_code_levels_take_each_episodes_last_attempt():
@@ -163,7 +174,7 @@ def test_resampled_starting_model_gives_the_held_out_noise_line(tmp_path):
     )
     text = real_findings.report("writing-summary", str(tmp_path), str(tmp_path / "fig"), s, 0)
     assert line in text
-    blob = json.loads((tmp_path / "real_findings_writing-summary.json").read_text())
+    blob = json.loads(pathlib.Path(real_findings.table_paths(str(tmp_path), "", "writing-summary", s)[0]).read_text())
     assert [r["eval_seed"] for r in blob["start_resampled"]] == [1234, 1235, 1236]
 
 
