@@ -287,6 +287,20 @@ def kept_runs(saved: list[dict], reuse: bool, methods, smoke: bool, budget: int)
     return [r for r in saved if not (r["method"] in methods and bool(r["smoke"]) == smoke and r["budget"] == budget)]
 
 
+def other_sizes(saved: list[dict], path: str, task: str, budget: int, smoke: bool) -> str | None:
+    """Why this call must not write `path`: it holds runs of another size, whose table and figure this call's would
+    replace (one table per file); None when it may. The message names the way out."""
+    sizes = sorted({(r["budget"], bool(r["smoke"])) for r in saved} - {(budget, smoke)})
+    if not sizes:
+        return None
+    held = ", ".join(f"budget {b}" + (" (smoke)" if sm else "") for b, sm in sizes)
+    return (
+        f"{path} holds {task} runs at {held}; this call's budget {budget} would replace that table and its figure. "
+        f"Give this size a folder and prefix of its own (--out-dir docs/data/warm_findings_{budget} --png-prefix "
+        f"docs/warm_findings_{budget}), or remove the file"
+    )
+
+
 def choose_rates(runs, methods, sweep_seed) -> dict:
     """Per method, the rate with the best final training return on the sweep seed (among the rates run so far)."""
     chosen = {}
@@ -508,6 +522,9 @@ def main():
         if os.path.exists(out_of(task_name)):
             with open(out_of(task_name)) as f:
                 saved = json.load(f)
+            clash = other_sizes(saved.get("runs", []), out_of(task_name), task_name, s["budget"], a.smoke)
+            if clash:
+                p.error(clash)
             results += kept_runs(saved.get("runs", []), a.reuse, a.methods, a.smoke, s["budget"])
         t0 = time.time()
         warm = make_warm_start(warm_dir(task_name), warm_config(task_name, a.smoke), progress=not a.smoke)

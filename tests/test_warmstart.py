@@ -267,3 +267,17 @@ def test_warm_tags_answers_sorts_answers_by_kind():
     kinds = warm_tags_answers.answer_kinds(rows, texts)
     assert kinds["forum"] == {"own": 1, "both": 1, "no tag": 1}  # a fragment of a tag is no tag
     assert kinds["subject"] == {"teammate": 1, "another tag": 2}  # pets, roommates: tags of other posts
+
+
+def test_a_call_at_another_budget_may_not_replace_a_files_table():
+    """warm_findings keeps one table per JSON file: runs of another size there mean another table, which this call's
+    table and figure would replace; it is refused with the flags that give the new size files of its own."""
+    saved = [dict(method="cc", budget=128, smoke=False), dict(method="mc", budget=128, smoke=False)]
+    assert warm_findings.other_sizes(saved, "d/w.json", "building-str", 128, False) is None
+    assert warm_findings.other_sizes([], "d/w.json", "building-str", 1024, False) is None
+    why = warm_findings.other_sizes(saved, "d/w.json", "building-str", 1024, False)
+    assert "d/w.json holds building-str runs at budget 128" in why and "this call's budget 1024" in why
+    assert "--out-dir docs/data/warm_findings_1024 --png-prefix docs/warm_findings_1024" in why
+    assert "budget 128 (smoke)" in warm_findings.other_sizes(
+        [dict(method="cc", budget=128, smoke=True)], "d/w.json", "building-str", 128, False
+    )
