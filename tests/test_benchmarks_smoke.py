@@ -30,7 +30,7 @@ def run_script(args, tmp_path, timeout=HANG_GUARD_S):
 
 def test_bench_iteration_smoke(tmp_path):
     path = tmp_path / "iteration.json"
-    stdout = run_script(["benchmarks/bench_iteration.py", "--smoke", "--json", str(path)], tmp_path)
+    stdout = run_script(["benchmarks/speed/bench_iteration.py", "--smoke", "--json", str(path)], tmp_path)
     rows = json.loads(path.read_text())
     rows = rows["results"] if isinstance(rows, dict) else rows
     assert rows and all(r["iteration_s"] > 0 and r["generate_s"] > 0 for r in rows)
@@ -39,7 +39,7 @@ def test_bench_iteration_smoke(tmp_path):
 
 def test_bench_memory_smoke(tmp_path):
     path = tmp_path / "memory.json"
-    stdout = run_script(["benchmarks/bench_memory.py", "--smoke", "--json", str(path)], tmp_path)
+    stdout = run_script(["benchmarks/speed/bench_memory.py", "--smoke", "--json", str(path)], tmp_path)
     rows = json.loads(path.read_text())
     assert {(r["layout"], r["agents"]) for r in rows} == {("separate", 1), ("separate", 2), ("lora", 1), ("lora", 2)}
     for r in rows:
@@ -54,7 +54,8 @@ def test_bench_iteration_lora_smoke(tmp_path):
     """--lora: the agents are adapters on one base; bare generate() runs each adapter, CPU seconds are reported."""
     path = tmp_path / "iteration.json"
     run_script(
-        ["benchmarks/bench_iteration.py", "--smoke", "--lora", "--configs", "collm", "--json", str(path)], tmp_path
+        ["benchmarks/speed/bench_iteration.py", "--smoke", "--lora", "--configs", "collm", "--json", str(path)],
+        tmp_path,
     )
     (row,) = json.loads(path.read_text())["results"]
     assert row["iteration_cpu_s"] > 0 and row["generate_cpu_s"] > 0 and row["bare_generate_tokens"] > 0
@@ -62,7 +63,8 @@ def test_bench_iteration_lora_smoke(tmp_path):
 
 def test_bench_memory_logprobs_smoke(tmp_path):
     path = tmp_path / "logprobs.json"
-    args = ["benchmarks/bench_memory.py", "--logprobs", "--size", "tiny", "--batch", "2", "--response-length", "4"]
+    args = ["benchmarks/speed/bench_memory.py", "--logprobs", "--size", "tiny", "--batch", "2"]
+    args += ["--response-length", "4"]
     stdout = run_script([*args, "--json", str(path)], tmp_path)
     library, full = json.loads(path.read_text())
     assert (library["variant"], full["variant"]) == ("library", "full-softmax")
@@ -73,7 +75,7 @@ def test_bench_memory_logprobs_smoke(tmp_path):
 def test_paper_findings_smoke_and_reuse(tmp_path):
     out = tmp_path / "findings.json"
     args = [
-        "benchmarks/paper_findings.py",
+        "benchmarks/research/paper_findings.py",
         "--smoke",
         "--tasks",
         "coord-penalty",
@@ -116,7 +118,7 @@ def test_paper_findings_smoke_and_reuse(tmp_path):
 def test_batching_ceiling_smoke(tmp_path):
     stdout = run_script(
         [
-            "benchmarks/vs_comlrl/batching_ceiling.py",
+            "benchmarks/compare/vs_comlrl/batching_ceiling.py",
             "--sizes",
             "tiny",
             "--reps",
@@ -139,7 +141,7 @@ def test_batching_ceiling_smoke(tmp_path):
 
 def test_paper_findings_rejects_bad_jobs(tmp_path):
     out = subprocess.run(
-        [sys.executable, "benchmarks/paper_findings.py", "--jobs", "0"],
+        [sys.executable, "benchmarks/research/paper_findings.py", "--jobs", "0"],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -153,7 +155,7 @@ pytestmark = pytest.mark.timeout(HANG_GUARD_S)
 
 def test_bench_prefix_smoke(tmp_path):
     path = tmp_path / "prefix.json"
-    stdout = run_script(["benchmarks/bench_prefix.py", "--smoke", "--json", str(path)], tmp_path)
+    stdout = run_script(["benchmarks/speed/bench_prefix.py", "--smoke", "--json", str(path)], tmp_path)
     rows = json.loads(path.read_text())["results"]
     assert {r["case"] for r in rows} == {"coord-penalty/cc", "writing-summary/mc"}
     for r in rows:
@@ -171,7 +173,7 @@ def test_the_flop_counter_counts_cpu_attention_and_matmuls_by_hand():
     import torch
     import torch.nn.functional as F
 
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks", "speed"))
     from bench_iteration import flop_counter
 
     b, h, s, d = 2, 3, 5, 4
@@ -186,26 +188,27 @@ def test_the_flop_counter_counts_cpu_attention_and_matmuls_by_hand():
 
 
 def test_bench_decode_gemm_smoke(tmp_path):
-    """benchmarks/bench_decode_gemm.py: one row count, one repeat; a line per row count with its three rates."""
+    """benchmarks/speed/bench_decode_gemm.py: one row count, one repeat; a line per row count with its three rates."""
     import re
 
-    stdout = run_script(["benchmarks/bench_decode_gemm.py", "--rows", "2", "--repeats", "1"], tmp_path)
+    stdout = run_script(["benchmarks/speed/bench_decode_gemm.py", "--rows", "2", "--repeats", "1"], tmp_path)
     assert re.search(r"^\s+2\s+\d+ GF/s\s+\d+ GF/s\s+\d+\.\d\s+\d+ GF/s$", stdout, re.M), stdout
 
 
 def test_bench_precisions_smoke_and_a_really_quantized_int8_layer(tmp_path):
-    """benchmarks/bench_precisions.py: float32 is its own 1.00x baseline, int8 gets a row; and its int8 layer really
-    is quantized (quantize_dynamic given a bare Linear would have left it float32 and timed float32 twice)."""
+    """benchmarks/speed/bench_precisions.py: float32 is its own 1.00x baseline, int8 gets a row; and its int8 layer
+    really is quantized (quantize_dynamic given a bare Linear would have left it float32 and timed float32 twice)."""
     import re
     import sys
 
     import torch
 
-    stdout = run_script(["benchmarks/bench_precisions.py", "--formats", "float32", "int8", "--repeats", "1"], tmp_path)
+    args = ["benchmarks/speed/bench_precisions.py", "--formats", "float32", "int8", "--repeats", "1"]
+    stdout = run_script(args, tmp_path)
     assert re.search(r"^\s+float32\s+\d+\.\d \(1\.00x\)\s+\d+\.\d \(1\.00x\)$", stdout, re.M), stdout
     assert re.search(r"^\s+int8\s+\d+\.\d \(\d\.\d\dx\)\s+\d+\.\d \(\d\.\d\dx\)$", stdout, re.M), stdout
 
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks", "speed"))
     try:
         import bench_precisions
     finally:

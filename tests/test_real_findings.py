@@ -1,4 +1,4 @@
-"""benchmarks/real_findings.py without the model: level pass rates from hand-made episodes, the learning-rate
+"""benchmarks/research/real_findings.py without the model: level pass rates from hand-made episodes, the learning-rate
 choice, and a table built from partial results that says which cells are partial."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "research"))
 import real_findings  # noqa: E402
 
 

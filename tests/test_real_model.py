@@ -323,14 +323,14 @@ def test_the_smollm2_example_reports_paired_held_out_scores_and_saves_a_team(smo
 
 @pytest.mark.parametrize("workload", ["cc", "mc"])  # MC's phases are other methods (sample / score_tree / run_updates)
 def test_the_workload_benchmark_reports_each_phase_per_generated_token(smollm2_name, tmp_path, workload):
-    """benchmarks/bench_workload.py --smoke (issue 28's workload at its smallest): a measurement in a fresh process,
-    its phases no larger than the whole, the JSON it writes."""
+    """benchmarks/speed/bench_workload.py --smoke (issue 28's workload at its smallest): a measurement in a fresh
+    process, its phases no larger than the whole, the JSON it writes."""
     import subprocess
     import sys
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = tmp_path / "bench.json"
-    script = os.path.join(root, "benchmarks", "bench_workload.py")
+    script = os.path.join(root, "benchmarks", "speed", "bench_workload.py")
     from trl_collm.hardware import cpu_has_native_bf16
 
     # bf16 where the CPU has it; on an AVX2-only CPU bf16 is emulated (~1 GFLOP/s: this smoke took 7 min there),

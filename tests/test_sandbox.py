@@ -443,7 +443,7 @@ def test_bench_sandbox_smoke(tmp_path):
     out = tmp_path / "bench.json"
     env = dict(os.environ, PYTHONPATH=str(root), HF_HUB_OFFLINE="1")
     res = subprocess.run(
-        [sys.executable, "benchmarks/bench_sandbox.py", "--smoke", "--json", str(out)],
+        [sys.executable, "benchmarks/speed/bench_sandbox.py", "--smoke", "--json", str(out)],
         cwd=root,
         env=env,
         capture_output=True,

@@ -1,4 +1,4 @@
-"""Warm starts (trl_collm/warmstart.py) and the findings script built on them (benchmarks/warm_findings.py),
+"""Warm starts (trl_collm/warmstart.py) and the findings script built on them (benchmarks/research/warm_findings.py),
 at toy size."""
 
 import json
@@ -19,7 +19,7 @@ from trl_collm.warmstart import (
     tag_transcripts,
 )
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks", "research"))
 import warm_findings
 import warm_tags_answers
 

@@ -89,8 +89,9 @@ class TagNoise:
 
 
 NOISES = {"building-str": BuildingNoise, "writing-tags": TagNoise}
-# Per-task recipe defaults (WarmStartConfig.for_task, the command line, benchmarks/warm_findings.py). writing-tags:
-# 2,000 episodes x 3 epochs, enough for the 64-wide model to learn to copy a tag from its prompt (800 x 2 was not).
+# Per-task recipe defaults (WarmStartConfig.for_task, the command line, benchmarks/research/warm_findings.py).
+# writing-tags: 2,000 episodes x 3 epochs, enough for the 64-wide model to learn to copy a tag
+# from its prompt (800 x 2 was not).
 RECIPES = {"building-str": dict(episodes=160, epochs=2.0), "writing-tags": dict(episodes=2000, epochs=3.0)}
 
 

@@ -7,7 +7,7 @@ as float32 and written as bf16 before any arithmetic. Keeping one bf16 copy per 
 matmul autocast would run (the same cast of the same values: results are bitwise those of plain autocast) without
 the per-call cast. Outside autocast, and for weights that train, nothing changes.
 
-What it buys, measured (benchmarks/bench_workload.py, issue 28's CC workload, idle machine, docs/benchmarks.md):
+What it buys, measured (benchmarks/speed/bench_workload.py, issue 28's CC workload, idle machine, docs/benchmarks.md):
 little. A bf16 iteration costs the same with and without the copies (46.9 vs 46.5 CPU ms per generated token); the
 rollout 13.9 vs 14.8 and a bare generate() 15.7 vs 17.8 in one round, so at most a small gain while sampling. (It
 was added on a measurement that later proved to be float32 under both labels.) It costs a bf16 copy of the frozen

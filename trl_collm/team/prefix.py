@@ -24,7 +24,7 @@ that assume left padding), the plain forward runs instead.
 
 Whether a cut pays is an expected-cost decision, not a token count: the cut saves `saved_tokens` prompt tokens but
 costs a second model call (the head) and the copies of its keys and values. `min_saved_tokens(model)` is the saving
-that pays for that call, from a cost model calibrated on CPU by `benchmarks/bench_prefix_cut.py`: on the tiny test
+that pays for that call, from a cost model calibrated on CPU by `benchmarks/speed/bench_prefix_cut.py`: on the tiny test
 models (a 9k-parameter layer) a call costs as much as ~600 tokens, so short prompts run plain; on a 0.7M-parameter
 layer ~80 tokens; on 0.5B-class models a few tokens. A common prefix also needs MIN_PREFIX_TOKENS tokens per row.
 """
@@ -44,8 +44,8 @@ from .modeling import base_model_of
 
 # A common prefix must be at least this long per row to be considered at all.
 MIN_PREFIX_TOKENS = 16
-# The expected-cost model (benchmarks/bench_prefix_cut.py; fit on CPU to the break-even points of two runs, forward +
-# backward, 2026-11-30: tiny between 378 and 1530 saved tokens, small between 66 and 90): the cut's extra
+# The expected-cost model (benchmarks/speed/bench_prefix_cut.py; fit on CPU to the break-even points of two runs,
+# forward + backward, 2026-11-30: tiny between 378 and 1530 saved tokens, small between 66 and 90): the cut's extra
 # model call costs as much as CALL_COST_TOKENS tokens through a layer without weights, and one token through a layer
 # with p parameters costs (1 + p / LAYER_PARAMS_SCALE) of those. The cut pays when the tokens it saves cost more than
 # the call: saved * (1 + p / LAYER_PARAMS_SCALE) > CALL_COST_TOKENS (per layer on both sides).
