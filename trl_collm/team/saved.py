@@ -270,6 +270,79 @@ def _check_description(desc, path: str) -> None:
     elsewhere = {a: folders[a] for a in names if folders[a] != agent_folder(a, len(names))}
     if elsewhere:
         raise ValueError(f"{path!r}: 'agent_folders' {elsewhere} are not the agents' own folders; {fix}.")
+    _check_settings(desc, path, names)
+
+
+# What generation/prompts.py accepts as `agent_context` (tests/test_team_json_checks.py keeps the two the same: this
+# floor cannot import that module).
+AGENT_CONTEXTS = ("observation", "history")
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _positive_int_or_none(v) -> bool:
+    return v is None or (_is_int(v) and v >= 1)
+
+
+# team.json's settings: (section, key) -> (the check, what is allowed). A missing key keeps its default.
+_SETTINGS = {
+    ("generation", "response_length"): (_positive_int_or_none, "an integer >= 1 (new tokens per answer) or null"),
+    ("generation", "temperature"): (lambda v: _is_number(v) and v > 0, "a number > 0"),
+    ("generation", "top_p"): (lambda v: _is_number(v) and 0 < v <= 1, "a number in (0, 1]"),
+    ("generation", "top_k"): (lambda v: v is None or (_is_int(v) and v >= 0), "null, 0 (off) or an integer >= 1"),
+    ("generation", "stop_token_id"): (
+        lambda v: v is None or _is_int(v) or (isinstance(v, list) and all(_is_int(t) for t in v)),
+        "null, a token id or a list of token ids",
+    ),
+    ("prompts", "agent_context"): (lambda v: v in AGENT_CONTEXTS, f"one of {list(AGENT_CONTEXTS)}"),
+}
+
+
+def _check_settings(desc: dict, path: str, names: list) -> None:
+    """The sampling and prompt settings eval / play run the team with, each checked on load (a hand-edited value
+    would otherwise fail later as a raw TypeError naming no file): the file, the field, the value, what is allowed."""
+
+    def bad(field: str, value, allowed: str):
+        return ValueError(
+            f"{path!r}: {field!r} is {value!r}, but it must be {allowed}; fix that value in the file, or re-save the "
+            "team with save_model()."
+        )
+
+    if desc.get("num_turns") is not None and not (_is_int(desc["num_turns"]) and desc["num_turns"] >= 1):
+        raise bad("num_turns", desc["num_turns"], "an integer >= 1 (the turns of an episode)")
+    if desc.get("base_model") is not None and not isinstance(desc["base_model"], str):
+        raise bad("base_model", desc["base_model"], "the path or Hub id of the base model (a string)")
+    if desc.get("task") is not None and not isinstance(desc["task"], dict):
+        raise bad("task", desc["task"], 'an object ({"name": ..., "ref": ..., "options": {...}}) or null')
+    for section in ("generation", "prompts"):
+        entry = desc.get(section)
+        if entry is None:
+            continue
+        if not isinstance(entry, dict):
+            raise bad(section, entry, "an object of settings, or absent")
+        for (where, key), (ok, allowed) in _SETTINGS.items():
+            if where == section and key in entry and not ok(entry[key]):
+                raise bad(f"{section}.{key}", entry[key], allowed)
+        per_agent = [("max_prompt_length", _positive_int_or_none, "an integer >= 1 (tokens) or null")]
+        if section == "prompts":
+            per_agent.append(("chat_templates", lambda v: v is None or isinstance(v, str), "a string or null"))
+        for key, ok, allowed in per_agent:
+            value = entry.get(key)
+            if value is None:
+                continue
+            if not isinstance(value, dict):
+                raise bad(f"{section}.{key}", value, f"an object agent -> value ({allowed}), one entry per agent")
+            for agent, v in value.items():
+                if agent not in names:
+                    raise bad(f"{section}.{key}", value, f"keyed by the team's agents {names} (not {agent!r})")
+                if not ok(v):
+                    raise bad(f"{section}.{key}.{agent}", v, allowed)
 
 
 def _check_one_save(folder: str, desc: dict, folders: dict) -> None:
