@@ -141,11 +141,20 @@ def test_the_example_configs_page_lists_every_folder_and_counts_the_files():
     assert f"All {count} files" in page, f"examples/configs/README.md should say 'All {count} files'"
 
 
-def test_the_benchmarks_page_names_every_script():
-    """CONTRIBUTING.md sends readers to benchmarks/README.md for every benchmark: each file there is named on it."""
+BENCHMARK_KINDS = ["compare", "gpu", "research", "speed"]
+
+
+def test_the_benchmarks_page_names_every_kind_and_script():
+    """CONTRIBUTING.md sends readers to benchmarks/README.md for every benchmark: benchmarks/ holds one folder per kind
+    and no loose script, the page gives each folder a line, and each file in a folder is named on it."""
     bench = ROOT / "benchmarks"
     page = (bench / "README.md").read_text()
-    files = sorted(p.name for p in bench.iterdir() if p.suffix in (".py", ".sh", ".txt"))
+    kinds = sorted(p.name for p in bench.iterdir() if p.is_dir() and not p.name.startswith(("_", ".")))
+    assert kinds == BENCHMARK_KINDS
+    assert [p.name for p in bench.iterdir() if p.suffix in (".py", ".sh", ".txt")] == []
+    assert [kind for kind in kinds if not re.search(rf"^- \[`{kind}/`\]", page, re.M)] == []
+    files = sorted(p.name for p in bench.glob("*/*") if p.suffix in (".py", ".sh", ".txt"))
+    assert len(files) > 20  # the glob reaches into the kind folders
     assert [name for name in files if name not in page] == []
 
 

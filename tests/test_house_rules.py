@@ -249,6 +249,36 @@ def test_no_private_name_crosses_a_room(tmp_path):
     assert private_names_across_rooms(pkg) == ["trl_collm.sampling: trl_collm.team._pad"]
 
 
+def private_names_across_scripts(folder: pathlib.Path) -> list[str]:
+    """`from other_script import _name` or `other_script._name` between the scripts under `folder` (benchmarks/): what
+    two scripts share is a public name of one of them."""
+    scripts = {path.stem for path in folder.rglob("*.py")}
+    crossing = []
+    for path in sorted(folder.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        imported = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module in scripts and node.module != path.stem:
+                crossing += [f"{path.stem}: {node.module}.{a.name}" for a in node.names if a.name.startswith("_")]
+            elif isinstance(node, ast.Import):
+                imported |= {a.asname or a.name for a in node.names if a.name in scripts and a.name != path.stem}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in imported:
+                if node.attr.startswith("_"):
+                    crossing.append(f"{path.stem}: {node.value.id}.{node.attr}")
+    return crossing
+
+
+def test_no_private_name_crosses_between_benchmark_scripts(tmp_path):
+    assert private_names_across_scripts(PACKAGE.parent / "benchmarks") == []
+    (tmp_path / "speed").mkdir()
+    (tmp_path / "research").mkdir()
+    (tmp_path / "research" / "paper.py").write_text("def _figure(): ...\ndef band(): ...\n")
+    (tmp_path / "research" / "real.py").write_text("from paper import _figure, band\n")
+    (tmp_path / "speed" / "bench.py").write_text("import paper\npaper._figure()\npaper.band()\n")
+    assert private_names_across_scripts(tmp_path) == ["real: paper._figure", "bench: paper._figure"]
+
+
 # ------------------------------------------------------------------------------------------------ the trainers' faces
 def _trainers():
     from trl_collm import MultiAgentMCTrainer, MultiAgentPPOTrainer

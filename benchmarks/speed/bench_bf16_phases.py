@@ -29,7 +29,7 @@ def main() -> None:
     from trl_collm.hardware import cpu_description
 
     torch.set_num_threads(1)
-    trainer, _ = bench_workload._trainer("cc", a.rows, 8, True, "/tmp/bench-bf16-phases")
+    trainer, _ = bench_workload.workload_trainer("cc", a.rows, 8, True, "/tmp/bench-bf16-phases")
     with contextlib.ExitStack() as stack:
         model = stack.enter_context(trainer.team.active(trainer.args.agent_names[0]))
         ids = torch.randint(0, 1000, (a.rows, a.prompt))

@@ -44,7 +44,7 @@ def _model_path() -> str:
     return smollm2_135m_instruct()
 
 
-def _trainer(workload: str, batch: int, tokens: int, bf16: bool, out_dir: str, checkpointing: bool = False):
+def workload_trainer(workload: str, batch: int, tokens: int, bf16: bool, out_dir: str, checkpointing: bool = False):
     """The workload's trainer, configured by warm_findings.method_config (the tables' own settings: PPO 1 epoch, no
     KL; MC G = 4), with the benchmark's overrides: its dtype, a stop id outside the vocabulary, and activation
     checkpointing when asked (memory for compute; it also turns off the kept prompt prefill)."""
@@ -115,7 +115,7 @@ def child(opts) -> dict:
     (compute,) = opts.compute  # the parent passes one; `--compute` is a list (a list never equals "bf16")
     bf16 = compute == "bf16"
     with tempfile.TemporaryDirectory(prefix="bench-workload-") as out_dir:
-        trainer, rows = _trainer(
+        trainer, rows = workload_trainer(
             opts.workload, opts.batch, opts.response_length, bf16, out_dir, opts.activation_checkpointing
         )
         timer = PhaseTimer(trainer, "cpu")
