@@ -95,7 +95,9 @@ TASKS = {
 }
 WRITING_TASKS = ("writing-summary", "writing-revise")  # scored by writing-summary's levels
 SMOKE = dict(budget=8, batch=4, response_length=8, eval_limit=2, eval_repeats=1, seeds=(0,))
-RUNS_DIR = "outputs/real_findings"  # the runs' checkpoints (git-ignored); removed when a run has finished
+# The runs' checkpoints, outside the work tree (laid anew each session) so a later session on the same machine resumes
+# them; removed when a run has finished. TRL_COLLM_RUNS_DIR overrides.
+RUNS_DIR = os.environ.get("TRL_COLLM_RUNS_DIR") or os.path.expanduser("~/.cache/trl-collm/real_findings")
 SAVE_EVERY = 4  # iterations between a run's checkpoints
 SHOWN_TEXTS = 3  # held-out texts kept per evaluation, with their word counts
 
