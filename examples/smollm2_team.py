@@ -15,6 +15,12 @@ It prints, with a progress bar and an ETA for each phase:
     python examples/smollm2_team.py                   # the defaults: 8 min (native bf16) to 22 (AVX2), docs/models.md
     python examples/smollm2_team.py --iterations 6    # half the training, for a first look
     python examples/smollm2_team.py --threads 2       # more torch threads (default: 1, or OMP_NUM_THREADS)
+    python examples/smollm2_team.py --fresh           # start over, discarding what --output-dir holds
+
+Stopped, it keeps what it finished: the held-out plays before training (`example_run.json` in --output-dir), a
+checkpoint after every iteration, the trained team right after training (before the final plays). The same command
+run again picks up there: it reads the plays it has, resumes training from the newest checkpoint (or skips it when
+done) and plays only what is missing. Other settings into the same --output-dir are refused (pass --fresh).
 
 Threads: one by default, as the `trl-collm` CLI does: on a shared machine extra threads spin-wait for cores that
 other processes hold (a 4-episode run took 37 min at 2 threads and load 10, 22 min at 1). Compute: bf16 autocast
@@ -25,8 +31,10 @@ good summary: watch the word counts.
 """
 
 import argparse
+import json
 import math
 import os
+import shutil
 import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -44,6 +52,7 @@ from trl_collm.hardware import cpu_description, cpu_has_native_bf16  # noqa: E40
 from trl_collm.tasks import get_task  # noqa: E402
 from trl_collm.tasks.writing import SUMMARY_RULES, score_pair, words  # noqa: E402
 from trl_collm.team.pretrained import smollm2_135m_instruct  # noqa: E402
+from trl_collm.trainers.checkpoints import complete_checkpoints  # noqa: E402
 from trl_collm.warmstart import rollout_team  # noqa: E402
 
 TASK = "writing-summary"
@@ -51,6 +60,7 @@ GROUP = 4  # MC samples per post
 SHOWN_POSTS = 2
 EVAL_CHUNK = 8  # held-out plays sampled per batch (one progress step each)
 EVAL_SEED = 1234
+RUN_FILE = "example_run.json"  # in --output-dir: the settings and the held-out plays finished so far
 
 
 class IterationBar(TrainerCallback):
@@ -59,17 +69,16 @@ class IterationBar(TrainerCallback):
     def __init__(self, total: int):
         self.total = total
         self.bar = None
-        self.curve: list[float] = []
 
-    def on_train_begin(self, *args, **kwargs):
-        # Opened here, not when the callback is made: the held-out plays before training would count as the first
-        # iteration's time and inflate the ETA.
-        self.bar = tqdm(total=self.total, desc="training", unit="it", dynamic_ncols=True)
+    def on_step_begin(self, args, state, control, **kwargs):
+        # Opened at the first iteration, not at on_train_begin: the held-out plays and a resumed checkpoint's loading
+        # would count as the first iteration's time and inflate the ETA; a resumed run starts at its step.
+        if self.bar is None:
+            self.bar = tqdm(total=self.total, initial=state.global_step, desc="training", unit="it", dynamic_ncols=True)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if logs and "objective/scores" in logs:
+        if logs and "objective/scores" in logs and self.bar is not None:
             score = float(logs["objective/scores"])
-            self.curve.append(score)
             words_ = "  ".join(
                 f"{k.split('/')[0]} {float(v):.0f} tokens" for k, v in logs.items() if k.endswith("/response_length")
             )
@@ -150,7 +159,7 @@ def plot(path: str, curve: list[float], before: float, after: float, plays: int)
     return path
 
 
-def main():
+def parse_args():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--iterations", type=int, default=12, help="training iterations")
     parser.add_argument("--posts", type=int, default=2, help="training posts per iteration (x 4 samples each)")
@@ -161,29 +170,56 @@ def main():
     parser.add_argument("--output-dir", default="outputs/smollm2-team")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default 1, or OMP_NUM_THREADS)")
+    parser.add_argument("--fresh", action="store_true", help="start over: discard what --output-dir holds")
+    parser.add_argument("--model", default=None, help=argparse.SUPPRESS)  # tests: `tiny`, the offline tiny model
     cli = parser.parse_args()
     for name in ("iterations", "posts", "eval_posts", "response_length"):
         if getattr(cli, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(cli, name)}")
+    return cli
 
-    start = time.time()
-    threads = set_cpu_threads(cli.threads, on_cpu=True) or torch.get_num_threads()
-    bf16 = cli.dtype == "bf16" or (cli.dtype == "auto" and cpu_has_native_bf16())
-    print(
-        f"CPU: {cpu_description()}; {threads} torch thread(s); training compute "
-        f"{'bf16 autocast, float32 weights' if bf16 else 'float32'} (held-out plays alike)",
-        flush=True,
-    )
-    if not bf16 and threads == 1:
-        # Measured with these defaults (docs/models.md): 7 min 53 s on a 2-core EPYC with native bf16, 20 min 40 s
-        # in float32 on an AVX2-only one; say so before the user waits.
-        print(
-            "float32 on one thread: the defaults took ~21 min on a 2-core AVX2 CPU (8 min where bf16 is native); "
-            "--iterations 6 halves the training, --threads 2 uses a second idle core",
-            flush=True,
-        )
-    task = get_task(TASK)
-    model_path = smollm2_135m_instruct()  # converted once from the installed package into the cache (~30 s)
+
+class RunRecord:
+    """`example_run.json` in --output-dir: the run's settings and the held-out plays it finished, written after each
+    phase (atomically) so that a stopped run picks up where it was; other settings are refused, not mixed in."""
+
+    def __init__(self, folder: str, settings: dict, fresh: bool):
+        self.path = os.path.join(folder, RUN_FILE)
+        if fresh and os.path.isdir(folder):
+            shutil.rmtree(folder)
+        self.data = {"settings": settings, "plays": {}}
+        if os.path.isfile(self.path):
+            with open(self.path) as f:
+                data = json.load(f)
+            if data.get("settings") != settings:
+                changed = sorted(k for k in settings if data.get("settings", {}).get(k) != settings[k])
+                raise SystemExit(
+                    f"{folder} holds a run with other settings ({', '.join(changed)}); run it with its settings to "
+                    "continue it, pass --fresh to start over there, or choose another --output-dir"
+                )
+            self.data = data
+        elif os.path.isdir(folder) and os.listdir(folder):
+            raise SystemExit(f"{folder} is not empty and holds no {RUN_FILE}; choose another --output-dir or --fresh")
+
+    def plays(self, name: str, compute) -> list[dict]:
+        """The plays kept under `name`, or `compute()`'s, kept before they are returned."""
+        if name in self.data["plays"]:
+            print(f"{name}: read from {self.path} (finished by an earlier run)", flush=True)
+        else:
+            self.data["plays"][name] = compute()
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            with open(self.path + ".tmp", "w") as f:
+                json.dump(self.data, f)
+            os.replace(self.path + ".tmp", self.path)
+        return self.data["plays"][name]
+
+
+def make_trainer(cli, task, bf16: bool):
+    model_path = smollm2_135m_instruct() if cli.model is None else cli.model  # converted once into the cache (~30 s)
+    if model_path == "tiny":
+        from trl_collm.testing import tiny_model_dir
+
+        model_path = tiny_model_dir("tiny-qwen2")
     args = MultiAgentMCConfig(
         output_dir=cli.output_dir,
         agent_names=task.agent_names,
@@ -194,7 +230,9 @@ def main():
         response_length=cli.response_length,
         temperature=1.0,
         logging_steps=1,
-        save_strategy="no",
+        save_strategy="steps",  # a checkpoint after every iteration (the adapters and their optimizer: small)
+        save_steps=1,
+        save_total_limit=1,
         report_to=[],
         num_sample_generations=0,
         disable_tqdm=True,
@@ -211,29 +249,67 @@ def main():
     )
     trainer.remove_callback(PrinterCallback)
     trainer.remove_callback(ProgressCallback)
-    bar = IterationBar(cli.iterations)
-    trainer.add_callback(bar)
+    return trainer
+
+
+def train_or_resume(trainer, cli) -> None:
+    """Train, resuming from the newest checkpoint an earlier run left (one at the last iteration: nothing to train),
+    then save the team at once: the final plays that follow can be stopped without losing it."""
+    found = complete_checkpoints(cli.output_dir)
+    if found:
+        print(f"resuming from {found[-1]} (an earlier run's; --fresh starts over)", flush=True)
+    trainer.add_callback(IterationBar(cli.iterations))
+    trainer.train(resume_from_checkpoint=found[-1] if found else None)
+    trainer.save_model(cli.output_dir)
+    print(f"saved the trained team in {cli.output_dir}/", flush=True)
+
+
+def main():
+    cli = parse_args()
+    start = time.time()
+    threads = set_cpu_threads(cli.threads, on_cpu=True) or torch.get_num_threads()
+    bf16 = cli.dtype == "bf16" or (cli.dtype == "auto" and cpu_has_native_bf16())
+    print(
+        f"CPU: {cpu_description()}; {threads} torch thread(s); training compute "
+        f"{'bf16 autocast, float32 weights' if bf16 else 'float32'} (held-out plays alike)",
+        flush=True,
+    )
+    if not bf16 and threads == 1:
+        # Measured with these defaults (docs/models.md): 7 min 53 s on a 2-core EPYC with native bf16, 20 min 40 s
+        # in float32 on an AVX2-only one; say so before the user waits.
+        print(
+            "float32 on one thread: the defaults took ~21 min on a 2-core AVX2 CPU (8 min where bf16 is native); "
+            "--iterations 6 halves the training, --threads 2 uses a second idle core",
+            flush=True,
+        )
+    settings = {k: v for k, v in vars(cli).items() if k not in ("threads", "fresh", "output_dir")}
+    record = RunRecord(cli.output_dir, {**settings, "bf16": bf16}, cli.fresh)
+    task = get_task(TASK)
+    trainer = make_trainer(cli, task, bf16)
     held_out = list(task.load_dataset("eval", limit=cli.eval_posts))
+    length = cli.response_length
 
     team = trainer.team.eval()
-    before = play(team, held_out, cli.response_length, 1.0, "held-out plays, before", bf16)
+    before = record.plays("before", lambda: play(team, held_out, length, 1.0, "held-out plays, before", bf16))
     report("before training", before)
-    show_texts("before training", play(team, held_out[:SHOWN_POSTS], cli.response_length, 0.0, "greedy texts", bf16))
+    shown = record.plays("before, greedy", lambda: play(team, held_out[:SHOWN_POSTS], length, 0.0, "greedy", bf16))
+    show_texts("before training", shown)
 
-    trainer.train()
+    train_or_resume(trainer, cli)
 
     team = trainer.team.eval()
-    after = play(team, held_out, cli.response_length, 1.0, "held-out plays, after", bf16)
-    show_texts("after training", play(team, held_out[:SHOWN_POSTS], cli.response_length, 0.0, "greedy texts", bf16))
+    after = record.plays("after", lambda: play(team, held_out, length, 1.0, "held-out plays, after", bf16))
+    shown = record.plays("after, greedy", lambda: play(team, held_out[:SHOWN_POSTS], length, 0.0, "greedy", bf16))
+    show_texts("after training", shown)
     report("before training", before)
     report(f"after {cli.iterations} iterations ({cli.iterations * cli.posts * GROUP} env steps)", after)
     change, se = mean_se([a["score"] - b["score"] for a, b in zip(after, before)])
     verdict = "beyond noise (more than 2 SE)" if abs(change) > 2 * se else "within noise (2 SE or less)"
     print(f"change, paired play by play: {change:+.3f} +- {se:.3f} (SE): {verdict}")
-    trainer.save_model(cli.output_dir)
+    curve = [m["objective/scores"] for m in trainer.metrics_history if "objective/scores" in m]
     png = plot(
         os.path.join(cli.output_dir, "learning_curve.png"),
-        bar.curve,
+        curve,
         mean_se([p["score"] for p in before])[0],
         mean_se([p["score"] for p in after])[0],
         len(held_out),
