@@ -15,8 +15,6 @@ fp16 sums lose too much precision over long sequences). Element-wise outputs
 reductions used as losses/stats stay in the accumulation dtype.
 """
 
-import math
-
 import torch
 from torch import Tensor
 
@@ -26,14 +24,17 @@ __all__ = [
     "whiten",
     "zscore_by_group",
     "group_advantages",
+    "normalize_by_scope",
     "gae",
+    "tree_returns",
     "kl_per_token",
     "token_level_rewards",
     "policy_loss_clipped",
     "policy_loss_reinforce",
+    "grpo_token_loss",
+    "normalised_token_loss",
+    "grpo_scaled_advantages",
     "value_loss_clipped",
-    "explained_variance",
-    "RunningMeanStd",
 ]
 
 _KL_ESTIMATORS = ("k1", "k3")
@@ -220,6 +221,27 @@ def group_advantages(
     return adv.reshape(returns.shape).to(returns.dtype)
 
 
+NORM_SCOPES = ("agent_turn", "agent", "batch", "none")  # what the advantages are z-scored within
+
+
+def normalize_by_scope(
+    adv: Tensor, mask: Tensor, agent_ids: Tensor, turn_ids: Tensor, scope: str, std_floor: float | None = None
+) -> Tensor:
+    """The advantages' one normalisation, turn or token level: z-scored within each agent's turn ('agent_turn'), each
+    agent ('agent'), the whole batch ('batch'), or left as they are ('none'). `agent_ids` / `turn_ids`: each entry's
+    agent and turn (shaped as `adv`). Divided by max(population std, std_floor) when a floor is set (the reference),
+    else by sqrt(sample variance + 1e-8); a group of one entry is left as it is (`zscore_by_group`)."""
+    if scope not in NORM_SCOPES:
+        raise ValueError(f"scope must be one of {NORM_SCOPES}, got {scope!r}")
+    if scope == "none":
+        return adv
+    turns = int(turn_ids.max()) + 1 if turn_ids.numel() else 1
+    groups = {"batch": torch.zeros_like(agent_ids), "agent": agent_ids, "agent_turn": agent_ids * turns + turn_ids}
+    if std_floor is None:
+        return zscore_by_group(adv, groups[scope], mask, unbiased=True)
+    return zscore_by_group(adv, groups[scope], mask, unbiased=False, std_floor=std_floor)
+
+
 # --------------------------------------------------------------------------- #
 # advantages / returns
 # --------------------------------------------------------------------------- #
@@ -248,6 +270,23 @@ def gae(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: float)
         next_val = v[..., t]
     returns = (adv + v) * mf
     return adv.to(rewards.dtype), returns.to(rewards.dtype)
+
+
+def tree_returns(rewards: list[Tensor], parents: list[Tensor], gamma: float) -> list[Tensor]:
+    """Monte-Carlo returns over a sample tree, per turn t: R_t(node) = r_t(node) + gamma * the mean of R_{t+1} over the
+    node's children (its reward alone where it has none). rewards[t]: (N_t, n); parents[t]: (N_t,), each node's parent
+    among the N_{t-1} nodes of turn t-1."""
+    out = [None] * len(rewards)
+    for t in reversed(range(len(rewards))):
+        ret = rewards[t].clone()
+        if t + 1 < len(rewards) and len(parents[t + 1]):
+            n_nodes, n = ret.shape
+            sums = torch.zeros(n_nodes, n).index_add_(0, parents[t + 1], out[t + 1])
+            counts = torch.zeros(n_nodes).index_add_(0, parents[t + 1], torch.ones(len(parents[t + 1])))
+            has_children = counts > 0
+            ret[has_children] += gamma * sums[has_children] / counts[has_children].unsqueeze(-1)
+        out[t] = ret
+    return out
 
 
 # --------------------------------------------------------------------------- #
@@ -355,6 +394,100 @@ def policy_loss_reinforce(
     return (-(seq_lp * adv)).mean()
 
 
+# GRPO's loss types, by what the summed token losses are divided by (TRL's GRPOTrainer, written here in our own terms)
+GRPO_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
+
+
+def grpo_token_loss(
+    new_logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    epsilon_low: float,
+    epsilon_high: float,
+    delta: float | None = None,
+    token_weights: Tensor | None = None,
+    ref_logprobs: Tensor | None = None,
+    beta: float = 0.0,
+    kl_estimator: str = "k3",
+    kl_times_ratio: bool = True,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """GRPO's per-token loss (B, L), zero on masked tokens: -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A) with the
+    ratio r = exp(new - old) (capped at `delta` first when given), times `token_weights` (the importance-sampling
+    correction), plus beta x KL(new || ref) per token (times r, with its gradient, when `kl_times_ratio`: GRPO's
+    `use_bias_correction_kl`). Diagnostics (detached): the per-token `kl`, and the clipped tokens `low`
+    (r < 1 - eps_low, A < 0) and `high` (r > 1 + eps_high, A > 0)."""
+    new = _to_acc(new_logprobs)
+    m = _bool_mask(mask, new)
+    ratio = torch.exp(_zero_masked(new - _to_acc(old_logprobs).to(new.device), m))
+    adv = _zero_masked(_expand_adv(advantages.detach(), new), m)
+    clipped = torch.clamp(ratio, 1.0 - epsilon_low, 1.0 + epsilon_high)
+    capped = ratio if delta is None else torch.clamp(ratio, max=delta)
+    per_token = -torch.min(capped * adv, clipped * adv)
+    if token_weights is not None:
+        per_token = per_token * _to_acc(token_weights.detach()).to(new.device)
+    stats = {"low": (ratio < 1.0 - epsilon_low) & (adv < 0) & m, "high": (ratio > 1.0 + epsilon_high) & (adv > 0) & m}
+    if beta != 0:
+        kl = kl_per_token(new, _to_acc(ref_logprobs).to(new.device), kl_estimator)
+        kl = kl * ratio if kl_times_ratio else kl
+        per_token = per_token + beta * kl
+        stats["kl"] = _zero_masked(kl, m)
+    return _zero_masked(per_token, m), {k: v.detach() for k, v in stats.items()}
+
+
+def normalised_token_loss(
+    per_token: Tensor,
+    mask: Tensor,
+    loss_type: str,
+    max_completion_length: int | None = None,
+    num_tokens: Tensor | float | None = None,
+) -> Tensor:
+    """The summed token losses divided as GRPO's `loss_type` says: 'grpo' each row's token mean, then the mean over
+    rows; 'bnpo' the token mean of these rows; 'dr_grpo' the token sum over rows x `max_completion_length`; 'dapo'
+    the token sum over `num_tokens`, the valid tokens of everything one optimizer step sees (these rows' own by
+    default)."""
+    x = _to_acc(per_token)
+    m = _bool_mask(mask, x)
+    x = _zero_masked(x, m)
+    tokens = m.to(x.dtype)
+    if loss_type == "grpo":
+        return (x.sum(-1) / tokens.sum(-1).clamp(min=1.0)).mean()
+    if loss_type == "bnpo":
+        return x.sum() / tokens.sum().clamp(min=1.0)
+    if loss_type == "dr_grpo":
+        if max_completion_length is None:
+            raise ValueError("loss_type 'dr_grpo' divides by rows x max_completion_length; pass max_completion_length.")
+        return x.sum() / (x.shape[0] * max_completion_length)
+    if loss_type == "dapo":
+        n = tokens.sum() if num_tokens is None else torch.as_tensor(num_tokens, dtype=x.dtype, device=x.device)
+        return x.sum() / n.clamp(min=1.0)
+    raise ValueError(f"loss_type must be one of {GRPO_LOSS_TYPES}, got {loss_type!r}")
+
+
+def grpo_scaled_advantages(
+    returns: Tensor, group_ids: Tensor, mask: Tensor | None, baseline: str, scale_rewards: str
+) -> Tensor:
+    """GRPO's `scale_rewards`: the group-baseline advantages (`group_advantages`, unscaled) divided by GRPO's std +
+    1e-4 (the unbiased std of the group, 'group', or of every valid return, 'batch'); 'none' leaves them as they are.
+    A group (or batch) of one has std 0 here, as GRPO's nanstd would not."""
+    adv = group_advantages(returns, group_ids, mask, baseline, scale=False)
+    if scale_rewards == "none":
+        return adv
+    if scale_rewards not in ("group", "batch"):
+        raise ValueError(f"scale_rewards must be 'group', 'batch' or 'none', got {scale_rewards!r}")
+    ra = _to_acc(returns).reshape(-1)
+    m = _bool_mask(mask, _to_acc(returns)).reshape(-1)
+    ids = group_ids.reshape(-1).to(ra.device) if scale_rewards == "group" else torch.zeros_like(ra, dtype=torch.long)
+    uniq, inv = torch.unique(ids, return_inverse=True)
+    wm = m.to(ra.dtype)
+    counts = torch.zeros(uniq.numel(), dtype=ra.dtype, device=ra.device).index_add_(0, inv, wm)
+    means = torch.zeros_like(counts).index_add_(0, inv, _zero_masked(ra, m)) / counts.clamp(min=1)
+    centered = _zero_masked(ra - means[inv], m)
+    var = torch.zeros_like(counts).index_add_(0, inv, centered**2) / (counts - 1).clamp(min=1)
+    scaled = _to_acc(adv).reshape(-1) / (var.sqrt()[inv] + 1e-4)
+    return _zero_masked(scaled, m).reshape(returns.shape).to(returns.dtype)
+
+
 IMPORTANCE_SAMPLING_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 
 
@@ -414,69 +547,3 @@ def value_loss_clipped(
         loss = 0.5 * masked_mean(torch.max(err1, err2), m)
         clipfrac = masked_mean((err2 > err1).to(v.dtype), m)
     return loss, {"clipfrac": clipfrac.detach()}
-
-
-# --------------------------------------------------------------------------- #
-# diagnostics
-# --------------------------------------------------------------------------- #
-def explained_variance(values: Tensor, returns: Tensor, mask: Tensor | None = None) -> float:
-    """1 - Var(returns - values) / Var(returns); NaN when returns are constant."""
-    with torch.no_grad():
-        ret = _to_acc(returns)
-        v = _to_acc(values).to(ret.device).expand_as(ret)
-        m = _bool_mask(mask, ret)
-        var_y = masked_var(ret, m, unbiased=False)
-        if float(var_y) == 0.0:
-            return math.nan
-        var_res = masked_var(ret - v, m, unbiased=False)
-        return float(1.0 - var_res / var_y)
-
-
-# --------------------------------------------------------------------------- #
-# running statistics
-# --------------------------------------------------------------------------- #
-class RunningMeanStd:
-    """Running mean/variance of a scalar stream (Chan et al. parallel merge).
-
-    Stored as Python floats (float64 precision) so the object is device-agnostic
-    and trivially checkpointable. ``count`` starts at ``epsilon`` with var 1 so
-    normalise() is well defined before the first update.
-    """
-
-    def __init__(self, epsilon: float = 1e-4):
-        self.mean: float = 0.0
-        self.var: float = 1.0
-        self.count: float = float(epsilon)
-
-    def update(self, x: Tensor, mask: Tensor | None = None) -> None:
-        with torch.no_grad():
-            xd = x.detach().to(torch.float64)
-            m = _bool_mask(mask, xd)
-            vals = xd[m]
-            n = vals.numel()
-            if n == 0:
-                return
-            b_mean = float(vals.mean())
-            b_var = float(((vals - b_mean) ** 2).mean())  # population var of the batch
-        total = self.count + n
-        delta = b_mean - self.mean
-        # Merge sums of squared deviations (M2), then renormalise by the new count.
-        m2 = self.var * self.count + b_var * n + delta * delta * self.count * n / total
-        self.mean = self.mean + delta * n / total
-        self.var = m2 / total
-        self.count = total
-
-    def normalize(self, x: Tensor) -> Tensor:
-        return (x - self.mean) / math.sqrt(self.var + 1e-8)
-
-    def denormalize(self, x: Tensor) -> Tensor:
-        return x * math.sqrt(self.var + 1e-8) + self.mean
-
-    def state_dict(self) -> dict:
-        return {"mean": self.mean, "var": self.var, "count": self.count}
-
-    def load_state_dict(self, d: dict) -> None:
-        # float() accepts both Python numbers and 0-d tensors from older checkpoints.
-        self.mean = float(d["mean"])
-        self.var = float(d["var"])
-        self.count = float(d["count"])

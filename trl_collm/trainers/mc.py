@@ -17,9 +17,11 @@ from dataclasses import dataclass
 import torch
 
 from .. import algorithms as alg
+from ..envs.reward_functions import per_agent
 from ..rollout import SampleTree, run_cross, run_tree
 from .base import TeamTrainerBase
-from .mc_config import MultiAgentMCConfig
+from .grpo_metrics import CompletionPrinter, clip_metrics, completion_metrics, completions_text, reward_metrics
+from .mc_config import GRPO_LOSS_TYPES, MultiAgentMCConfig
 from .scored import ScoredTurn
 
 
@@ -112,6 +114,9 @@ class MultiAgentMCTrainer(TeamTrainerBase):
         prompt_formatters (callable, list or dict name -> callable, *optional*):
             With `reward_funcs`: each agent's prompt built from the dataset row (`row -> str`), one for all agents or
             one per agent. `None`: every agent reads the row's `prompt` (or `input_ids`).
+        quantization_config (*optional*):
+            GRPOTrainer's argument: passed to `from_pretrained` with `args.model_init_kwargs` for models given as
+            paths.
     """
 
     _tag_names = ["trl", "trl-collm", "multi-agent", "magrpo"]
@@ -142,10 +147,18 @@ class MultiAgentMCTrainer(TeamTrainerBase):
         reward_funcs=None,
         env=None,
         prompt_formatters=None,
+        quantization_config=None,
     ):
         args = args or MultiAgentMCConfig(output_dir="outputs/mc")
         if not isinstance(args, MultiAgentMCConfig):
             raise TypeError(f"`args` must be a MultiAgentMCConfig, got {type(args).__name__}.")
+        if quantization_config is not None:  # as GRPOTrainer: one more from_pretrained keyword
+            args.model_init_kwargs = {**(args.model_init_kwargs or {}), "quantization_config": quantization_config}
+        if reward_funcs is not None and _one_agent(args, model):  # GRPO's contract: one completion per sample
+            funcs = reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
+            reward_funcs = [
+                f if not callable(f) or getattr(f, "scores_per_agent", False) else per_agent(f) for f in funcs
+            ]
         super().__init__(
             args=args,
             processing_class=processing_class,
@@ -163,13 +176,18 @@ class MultiAgentMCTrainer(TeamTrainerBase):
             prompt_formatters=prompt_formatters,
         )
         self._generator = torch.Generator().manual_seed(args.seed)
+        self.num_tokens = 0  # GRPO's num_tokens: prompt and completion tokens seen so far
+        self.completions_to_log = None
+        if args.log_completions:
+            self.add_callback(CompletionPrinter(self))
 
     def checkpoint_state(self) -> dict:
-        return {"generator": self._generator.get_state()}
+        return {"generator": self._generator.get_state(), "num_tokens": self.num_tokens}
 
     def load_checkpoint_state(self, state: dict) -> None:
         if "generator" in state:
             self._generator.set_state(state["generator"])
+        self.num_tokens = int(state.get("num_tokens", 0))
 
     def optimizer_steps_per_iteration(self) -> int:
         args = self.args
@@ -224,14 +242,16 @@ class MultiAgentMCTrainer(TeamTrainerBase):
         for t, ret in enumerate(returns):
             mask = tree.credit_mask[t] if tree.credit_mask is not None else torch.ones_like(ret, dtype=torch.bool)
             adv = torch.stack(
-                [
-                    alg.group_advantages(ret[:, i], tree.groups[t], mask[:, i], args.baseline, args.scale_advantages)
-                    for i in range(ret.shape[1])
-                ],
-                dim=-1,
+                [self._group_advantages(ret[:, i], tree.groups[t], mask[:, i]) for i in range(ret.shape[1])], -1
             )
             out.append(adv)
         return MCAdvantages(out, returns)
+
+    def _group_advantages(self, returns: torch.Tensor, groups: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        args = self.args
+        if args.scale_rewards is None:
+            return alg.group_advantages(returns, groups, mask, args.baseline, args.scale_advantages)
+        return alg.grpo_scaled_advantages(returns, groups, mask, args.baseline, args.scale_rewards)
 
     # ------------------------------------------------------------------ the iteration
     def training_iteration(self, rows: list[dict]) -> dict:
@@ -248,8 +268,30 @@ class MultiAgentMCTrainer(TeamTrainerBase):
         args = self.args
         logs = self.run_updates(scored, torch.cat(pairs), args.num_iterations, args.update_schedule == "per_agent_turn")
         metrics = {key: float(torch.tensor(vals).mean()) for key, vals in logs.items()}
+        for key in ("clip_ratio/low_min", "clip_ratio/high_max"):  # GRPO logs the extremes, not the mean
+            if key in logs:
+                metrics[key] = float(min(logs[key]) if key.endswith("min") else max(logs[key]))
         metrics.update(self._rollout_metrics(scored))
+        metrics.update(self._grpo_rollout_metrics(scored))
+        if "loss/policy_avg" in metrics:  # GRPO's (transformers') name of the training loss
+            metrics["loss"] = metrics["loss/policy_avg"]
         return metrics
+
+    def _grpo_rollout_metrics(self, scored: ScoredTree) -> dict:
+        """GRPO's names for the rollout (trainers/grpo_metrics.py); keeps log_completions' text."""
+        tree = scored.tree
+        out, tokens = completion_metrics(tree.turns, self.team.names)
+        self.num_tokens += tokens
+        out["num_tokens"] = float(self.num_tokens)
+        if self.lr_scheduler is not None:  # transformers' name, which GRPO logs (ours: lr)
+            out["learning_rate"] = self.lr_scheduler.get_last_lr()[0]
+        components = getattr(self.env, "last_reward_components", None) if tree.num_turns == 1 else None
+        out.update(reward_metrics(tree.rewards[0], tree.groups[0], components))
+        if self.args.log_completions:
+            self.completions_to_log = completions_text(
+                tree, scored.advantages.advantages, self.args.num_completions_to_print or 4
+            )
+        return out
 
     @torch.no_grad()
     def score_tree(self, tree: SampleTree) -> ScoredTree:
@@ -258,6 +300,8 @@ class MultiAgentMCTrainer(TeamTrainerBase):
         advantages = self.advantages(tree)
         # vLLM's importance-sampling correction compares the engine's log-probs with the sampling weights' own
         need_old = args.loss_type == "clipped" or args.beta != 0 or self._corrects_importance()
+        if args.loss_type in GRPO_LOSS_TYPES:  # as GRPO: the ratio's denominator is needed after a first step only
+            need_old = self.optimizer_steps_per_iteration() > 1 or self._corrects_importance()
         turns = []
         for t, turn in enumerate(tree.turns):
             scored = {}
@@ -281,12 +325,64 @@ class MultiAgentMCTrainer(TeamTrainerBase):
         for a, st, rows in self.agent_rows(scored.turns, mpairs, agents):
             yield self._policy_loss(a, st, rows, logs), len(rows)
 
+    def _accumulate(self, scored, pairs: torch.Tensor, agents: list[str], logs, micro: int):
+        """loss_type='dapo' divides by the tokens of the whole minibatch (each agent's own, summed over processes and
+        divided by their number, as GRPO's num_items_in_batch): counted here, before its micro-batches."""
+        if self.args.loss_type == "dapo":
+            tokens = {}
+            for a in agents:
+                n = sum(self._loss_mask(st, rows).sum() for _, st, rows in self.agent_rows(scored.turns, pairs, [a]))
+                n = torch.as_tensor(n, dtype=torch.float32, device=self.accelerator.device)
+                if self.accelerator.num_processes > 1:
+                    n = self.accelerator.reduce(n, reduction="sum") / self.accelerator.num_processes
+                tokens[a] = n
+            self._dapo_tokens = (len(pairs), tokens)
+        return super()._accumulate(scored, pairs, agents, logs, micro)
+
+    def _loss_mask(self, at: MCTurn, rows: torch.Tensor) -> torch.Tensor:
+        """The response tokens of `rows` that carry the loss."""
+        mask = at.gen.response_mask[rows]
+        if at.sample_mask is not None:  # cross mode: samples that took part in no joint action carry no signal
+            mask = mask & at.sample_mask[rows].to(mask.device).unsqueeze(-1)
+        if self.args.mask_truncated_completions:  # as GRPO: a completion cut at the length limit carries no loss
+            mask = mask & at.gen.ended[rows].to(mask.device).unsqueeze(-1)
+        return mask
+
+    def _grpo_loss(self, a: str, at: MCTurn, rows, new, mask, weights, logs) -> torch.Tensor:
+        """GRPO's loss (`loss_type` grpo / bnpo / dr_grpo / dapo) of agent `a`'s `rows`, a mean over those rows as
+        `step_losses` yields (dapo: scaled so that the minibatch's backward is its token sum over its tokens)."""
+        args = self.args
+        old = new.detach() if at.old_logprobs is None else at.old_logprobs[rows].to(new.device)
+        per_token, st = alg.grpo_token_loss(
+            new,
+            old,
+            at.advantages[rows].to(new.device),
+            mask,
+            args.epsilon,
+            args.epsilon if args.epsilon_high is None else args.epsilon_high,
+            args.delta,
+            weights,
+            at.ref_logprobs[rows] if args.beta != 0 else None,
+            args.beta,
+            args.kl_estimator,
+            args.use_bias_correction_kl,
+        )
+        if args.loss_type == "dapo":
+            pairs, tokens = self._dapo_tokens
+            loss = alg.normalised_token_loss(per_token, mask, "dapo", num_tokens=tokens[a]) * (pairs / len(rows))
+        else:
+            loss = alg.normalised_token_loss(per_token, mask, args.loss_type, args.response_length)
+        clip_metrics(st, mask, logs)
+        if args.beta != 0:
+            kl = alg.masked_mean(st["kl"], mask)
+            logs["objective/kl"].append(float(kl))
+            logs["kl"].append(float(kl))
+        return loss
+
     def _policy_loss(self, a: str, at: MCTurn, rows: torch.Tensor, logs) -> torch.Tensor:
         args = self.args
         g = at.gen
-        mask = g.response_mask[rows]
-        if at.sample_mask is not None:  # cross mode: samples that took part in no joint action carry no signal
-            mask = mask & at.sample_mask[rows].to(mask.device).unsqueeze(-1)
+        mask = self._loss_mask(at, rows)
         new, ent = self.update_logprobs(a, g, rows, mask)
         adv = at.advantages[rows].to(new.device)
         weights = (
@@ -294,16 +390,21 @@ class MultiAgentMCTrainer(TeamTrainerBase):
             if self._corrects_importance()
             else None
         )
-        if args.loss_type == "reinforce":
+        logs["entropy"].append(float(alg.masked_mean(ent, mask).detach()))
+        if args.loss_type in GRPO_LOSS_TYPES:
+            loss = self._grpo_loss(a, at, rows, new, mask, weights, logs)
+            clipfrac = torch.tensor(logs["clip_ratio/region_mean"][-1])
+        elif args.loss_type == "reinforce":
             loss = alg.policy_loss_reinforce(new, adv, mask, weights)
             clipfrac = torch.tensor(0.0)
         else:
             loss, st = alg.policy_loss_clipped(new, at.old_logprobs[rows], adv, mask, args.epsilon, weights)
             clipfrac = st["clipfrac"]
-        if args.beta != 0:
+        if args.beta != 0 and args.loss_type not in GRPO_LOSS_TYPES:
             kl = alg.masked_mean(alg.kl_per_token(new, at.ref_logprobs[rows], args.kl_estimator), mask)
             loss = loss + args.beta * kl
             logs["objective/kl"].append(float(kl.detach()))
+            logs["kl"].append(float(kl.detach()))
         for key, val in (
             ("loss/policy_avg", loss),
             ("policy/entropy_avg", alg.masked_mean(ent, mask)),
@@ -330,3 +431,11 @@ class MultiAgentMCTrainer(TeamTrainerBase):
         for i, a in enumerate(names):
             out[f"{a}/reward_mean"] = float(first[:, i].mean())
         return out
+
+
+def _one_agent(args: MultiAgentMCConfig, model) -> bool:
+    """A team of one agent by construction (one model, no second name): its reward functions are GRPO's, scoring
+    one completion per sample (`per_agent`), not the list of one text a team's function reads."""
+    if isinstance(model, (list, tuple, dict)):
+        return len(model) == 1
+    return args.num_agents in (None, 1) and (args.agent_names is None or len(args.agent_names) == 1)

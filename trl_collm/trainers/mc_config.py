@@ -5,9 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Annotated
 
+from .grpo_fields import OTHER_GRPO_LOSS_TYPES, GRPORefusedFields, check_grpo_fields
 from .presets import PresetDefault, check_presettable
 from .ranges import ABOVE_0, AT_LEAST_0, AT_LEAST_1
 from .team_config import TeamConfig
+
+GRPO_LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo")
+SCALE_REWARDS = {"group": "group", "batch": "batch", "none": "none", "true": "group", "false": "none"}
 
 MC_PRESETS: dict[str, dict] = {
     # MAGRPO's update rule (comlrl 1.3.2, arXiv 2508.04652): return minus the group mean (no std scaling), REINFORCE on
@@ -37,14 +41,14 @@ _MC_CHOICES = {
     "joint_mode": ("aligned", "cross"),
     "expansion": ("tree", "per_branch"),
     "baseline": ("mean", "loo", "max", "none"),
-    "loss_type": ("reinforce", "clipped"),
+    "loss_type": ("reinforce", "clipped", *GRPO_LOSS_TYPES),
     "update_schedule": ("joint", "per_agent_turn"),
     "kl_estimator": ("k1", "k3"),
 }
 
 
 @dataclass
-class MultiAgentMCConfig(TeamConfig):
+class MultiAgentMCConfig(GRPORefusedFields, TeamConfig):
     r"""Configuration of [`MultiAgentMCTrainer`], the Monte-Carlo (critic-free) team baseline (MAGRPO-style).
 
     `per_device_train_batch_size` counts dataset rows (prompts) per device and iteration; each row becomes
@@ -76,9 +80,38 @@ class MultiAgentMCConfig(TeamConfig):
             Group baseline: 'mean', 'loo' (leave-one-out mean), 'max' or 'none'.
         scale_advantages (`bool`, *optional*, defaults to `False`):
             Divide advantages by the group's std (GRPO-style).
+        scale_rewards (`str`, *optional*, defaults to `None`):
+            GRPO's advantage scaling: 'group' (std of the agent's G samples of one prompt), 'batch' (std of the agent's
+            batch) or 'none'; true / false mean 'group' / 'none'. GRPO's std (unbiased, + 1e-4). None: as
+            scale_advantages says.
         loss_type (`str`, *optional*, defaults to `'reinforce'`):
-            'reinforce' (on-policy, -(sum of log-probs) * A, no ratio/clip) or 'clipped' (ratio surrogate over
-            num_iterations).
+            'reinforce' (on-policy, -(sum of log-probs) * A, no ratio/clip), 'clipped' (ratio surrogate over
+            num_iterations), or GRPO's 'grpo' (each completion's token mean, averaged), 'bnpo' (the micro-batch's
+            token mean), 'dr_grpo' (token sum over rows x max_completion_length), 'dapo' (token sum over the
+            minibatch's tokens); a GRPO loss is each agent's own, the agents' losses are summed.
+        max_completion_length (`int`, *optional*, defaults to `None`):
+            GRPO's name of response_length (max new tokens); both set: they must agree.
+        generation_batch_size (`int`, *optional*, defaults to `None`):
+            GRPO's: completions per agent sampled per iteration over all processes; sets num_mini_batches to
+            generation_batch_size / (per_device_train_batch_size x num_generations x processes x
+            gradient_accumulation_steps).
+        steps_per_generation (`int`, *optional*, defaults to `None`):
+            GRPO's: micro-batches per generation; sets num_mini_batches to steps_per_generation /
+            gradient_accumulation_steps.
+        mask_truncated_completions (`bool`, *optional*, defaults to `False`):
+            A completion without its stop token carries no loss (its reward still enters the advantages).
+        use_bias_correction_kl (`bool`, *optional*, defaults to `True`):
+            GRPO loss types: the KL term is multiplied by the ratio (GRPO's importance-sampling correction of the KL).
+        epsilon_high (`float`, *optional*, defaults to `None`):
+            Upper clip range of the ratio (GRPO loss types; default: epsilon).
+        delta (`float`, *optional*, defaults to `None`):
+            GRPO loss types: two-sided clipping, the ratio capped at delta.
+        trust_remote_code (`bool`, *optional*, defaults to `False`):
+            Added to model_init_kwargs (models loaded from paths run their repository's code).
+        log_completions (`bool`, *optional*, defaults to `False`):
+            At each log, print the iteration's first completions of every agent with their rewards and advantages.
+        num_completions_to_print (`int`, *optional*, defaults to `None`):
+            Rows log_completions prints (None: 4).
         num_iterations (`int`, *optional*, defaults to `1`):
             Inner iterations over each batch (loss_type='clipped').
         epsilon (`float`, *optional*, defaults to `0.2`):
@@ -141,6 +174,38 @@ class MultiAgentMCConfig(TeamConfig):
             )
         },
     )
+    scale_rewards: str | None = field(
+        default=None,
+        metadata={"help": "GRPO's advantage scaling: 'group', 'batch' or 'none' (None: as scale_advantages says)."},
+    )
+    max_completion_length: Annotated[int | None, AT_LEAST_1] = field(
+        default=None, metadata={"help": "GRPO's name of response_length; both set: they must agree."}
+    )
+    generation_batch_size: Annotated[int | None, AT_LEAST_1] = field(
+        default=None, metadata={"help": "GRPO's: completions per agent per iteration (sets num_mini_batches)."}
+    )
+    steps_per_generation: Annotated[int | None, AT_LEAST_1] = field(
+        default=None, metadata={"help": "GRPO's: micro-batches per generation (sets num_mini_batches)."}
+    )
+    mask_truncated_completions: bool = field(
+        default=False, metadata={"help": "A completion without its stop token carries no loss."}
+    )
+    use_bias_correction_kl: bool = field(
+        default=True, metadata={"help": "GRPO loss types: the KL term multiplied by the ratio."}
+    )
+    epsilon_high: Annotated[float | None, ABOVE_0] = field(
+        default=None, metadata={"help": "Upper clip range of the ratio (GRPO loss types; default: epsilon)."}
+    )
+    delta: Annotated[float | None, ABOVE_0] = field(
+        default=None, metadata={"help": "GRPO loss types: the ratio capped at delta (two-sided clipping)."}
+    )
+    trust_remote_code: bool = field(default=False, metadata={"help": "Added to model_init_kwargs."})
+    log_completions: bool = field(
+        default=False, metadata={"help": "Print each logged iteration's first completions, rewards and advantages."}
+    )
+    num_completions_to_print: Annotated[int | None, AT_LEAST_1] = field(
+        default=None, metadata={"help": "Rows log_completions prints (None: 4)."}
+    )
     num_iterations: Annotated[int, AT_LEAST_1] = field(
         default=PresetDefault(1), metadata={"help": "Inner iterations over each batch (loss_type='clipped')."}
     )
@@ -168,9 +233,36 @@ class MultiAgentMCConfig(TeamConfig):
     def uses_reference(self) -> bool:
         return self.beta != 0
 
+    def __post_init__(self):
+        self._scale_advantages_set = not isinstance(self.scale_advantages, PresetDefault)
+        if self.max_completion_length is not None:  # GRPO's name of response_length: one value under both names
+            default = TeamConfig.__dataclass_fields__["response_length"].default
+            if self.response_length not in (default, self.max_completion_length):
+                raise ValueError(
+                    f"`max_completion_length`={self.max_completion_length} and `response_length`="
+                    f"{self.response_length} name the same length (GRPO's name and ours); set one of them."
+                )
+            self.response_length = self.max_completion_length
+        if self.scale_rewards is not None:
+            key = str(self.scale_rewards).lower()
+            if key not in SCALE_REWARDS:
+                raise ValueError(
+                    f"`scale_rewards`={self.scale_rewards!r} is not valid; choose one of 'group', 'batch', 'none' "
+                    "(true / false: group / none)."
+                )
+            self.scale_rewards = SCALE_REWARDS[key]
+        super().__post_init__()
+
     def _validate(self):
         super()._validate()
+        check_grpo_fields(self)
+        if self.loss_type in OTHER_GRPO_LOSS_TYPES:
+            raise ValueError(
+                f"`loss_type`={self.loss_type!r} is GRPOConfig's and not here; the nearest is "
+                f"loss_type={OTHER_GRPO_LOSS_TYPES[self.loss_type]!r} (choose one of {list(_MC_CHOICES['loss_type'])})."
+            )
         self._check_choices(_MC_CHOICES)
+        self._check_grpo_names()
         if self.num_generations < 2 and self.baseline != "none":
             raise ValueError(
                 f"`num_generations`={self.num_generations}: a group baseline needs >= 2 samples; raise it or set "
@@ -180,10 +272,54 @@ class MultiAgentMCConfig(TeamConfig):
             raise ValueError(
                 "`joint_mode='cross'` is single-turn; use joint_mode='aligned' with expansion='tree' for multi-turn."
             )
-        if self.loss_type == "reinforce" and self.num_iterations > 1:
+        if self.loss_type == "reinforce" and self.num_iterations > 1:  # a ratio loss (clipped, GRPO's) takes several
             raise ValueError(
                 "`loss_type='reinforce'` is on-policy (no ratio); set `num_iterations=1` or use loss_type='clipped'."
             )
+
+
+    def _check_grpo_names(self) -> None:
+        """GRPOConfig's names that set our fields: scale_rewards, generation_batch_size / steps_per_generation, the
+        GRPO-loss-only fields, trust_remote_code."""
+        self.max_completion_length = self.response_length
+        if self.scale_rewards is not None and self.scale_advantages and self._scale_advantages_set:
+            raise ValueError(
+                f"`scale_rewards`={self.scale_rewards!r} and `scale_advantages`=True both scale the advantages "
+                "(GRPO's std and ours); set one of them."
+            )
+        grpo_only = {"epsilon_high": None, "delta": None, "use_bias_correction_kl": True}
+        for name, default in grpo_only.items():
+            if self.loss_type not in GRPO_LOSS_TYPES and getattr(self, name) != default:
+                raise ValueError(
+                    f"`{name}`={getattr(self, name)!r} applies to GRPO's loss types; set loss_type to one of "
+                    f"{list(GRPO_LOSS_TYPES)} or leave it unset."
+                )
+        if self.generation_batch_size is not None and self.steps_per_generation is not None:
+            raise ValueError(
+                "`generation_batch_size` and `steps_per_generation` both set the generation's size (as in GRPO); "
+                "set one of them."
+            )
+        steps = self.steps_per_generation
+        if self.generation_batch_size is not None:
+            per_step = self.per_device_train_batch_size * self.num_generations * self.world_size
+            if self.generation_batch_size % per_step:
+                raise ValueError(
+                    f"`generation_batch_size`={self.generation_batch_size} must be a multiple of "
+                    f"per_device_train_batch_size x num_generations x processes = {per_step} (a micro-batch here "
+                    "is per_device_train_batch_size prompts, num_generations completions each)."
+                )
+            steps = self.generation_batch_size // per_step
+        if steps is not None:
+            gas = self.gradient_accumulation_steps
+            if steps % gas or self.num_mini_batches not in (1, steps // gas):
+                raise ValueError(
+                    f"{steps} micro-batches per generation (steps_per_generation / generation_batch_size) must be "
+                    f"gradient_accumulation_steps ({gas}) x num_mini_batches ({self.num_mini_batches}); set "
+                    "num_mini_batches or one of them."
+                )
+            self.num_mini_batches = steps // gas
+        if self.trust_remote_code:
+            self.model_init_kwargs = {**(self.model_init_kwargs or {}), "trust_remote_code": True}
 
 
 check_presettable(MultiAgentMCConfig, MC_PRESETS)
