@@ -40,7 +40,7 @@ from .common import (
     user_errors,
 )
 from .evaluate import evaluate_team
-from .precheck import check_config_keys, keep_option_names, precheck, read_config
+from .precheck import check_config_keys, keep_option_names, kept_help_text, kept_names, precheck, read_config
 
 
 def _check_push(args) -> bool:
@@ -247,15 +247,13 @@ def _keep_parser(kind: str, parser=None) -> str:
 def _keep_both(kind: str, parser) -> None:
     _keep_parser(kind, parser)
     twin = "mc" if kind == "ppo" else "ppo"
-    if not os.path.isfile(_help_file(twin)):
+    if kept_help_text(_help_file(twin), twin) is None or kept_names(_help_file(twin)) is None:
         _keep_parser(twin)
 
 
 def _print_help(kind: str) -> None:
-    try:
-        with open(_help_file(kind)) as f:
-            text = f.read()
-    except OSError:
+    text = kept_help_text(_help_file(kind), kind)
+    if text is None:  # never kept, or the kept file is damaged: build the parser and keep its text again
         parser = _train_parser(kind, _config_cls(kind))
         _keep_both(kind, parser)
         text = parser.format_help()
@@ -383,10 +381,11 @@ def _disk_errors(output_dir: str):
     import errno
 
     from ..trainers.checkpoints import CheckpointWriteError
+    from ..trainers.output_dir import LockWriteError
 
     try:
         yield
-    except CheckpointWriteError as e:
+    except (CheckpointWriteError, LockWriteError) as e:  # their messages name the file and the fix
         raise UsageError(str(e)) from e
     except OSError as e:
         if e.errno not in (errno.ENOSPC, errno.EDQUOT):

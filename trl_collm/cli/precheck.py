@@ -63,12 +63,35 @@ def keep_option_names(help_file: str, parser) -> None:
         pass
 
 
-def _kept_names(help_file: str) -> set[str] | None:
+# Options every training command has: a kept names file without them is not a parser's (damaged, or written by
+# something else), and trusting it would call valid config keys "not an option".
+_CORE_OPTIONS = frozenset({"task", "output_dir", "model_name_or_path", "learning_rate"})
+
+
+def kept_names(help_file: str) -> set[str] | None:
+    """The option names the last parser build kept, or None (then the parser checks): a missing or unreadable
+    file, and one that holds anything but a list of names including the core options (`null`, a number, a dict, a
+    string, `[]`), count as not kept."""
     try:
         with open(names_file(help_file)) as f:
-            return set(json.load(f))
+            names = json.load(f)
     except (OSError, ValueError):
         return None
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        return None
+    return set(names) if _CORE_OPTIONS <= set(names) else None
+
+
+def kept_help_text(help_file: str, kind: str) -> str | None:
+    """The kept `trl-collm KIND --help` text, or None (then the parser is built and the text kept again): a
+    missing or unreadable file, and one that is not such a text (empty, cut short, another command's)."""
+    try:
+        with open(help_file, encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError):
+        return None
+    ok = text.startswith(f"usage: trl-collm {kind} ") and all(f"--{o}" in text for o in _CORE_OPTIONS)
+    return text if ok else None
 
 
 def check_config_keys(kind: str, path: str, config: dict, names: set[str], other: set[str] | None) -> None:
@@ -126,8 +149,8 @@ def precheck(kind: str, argv: list[str], help_file_of) -> None:
     for agent_model in _agent_models(argv, config):  # each one, before the first (`tiny`) is built
         if agent_model != TINY:
             check_model_path(agent_model, "--agent_models")
-    names = _kept_names(help_file_of(kind))
-    other = _kept_names(help_file_of("mc" if kind == "ppo" else "ppo"))
+    names = kept_names(help_file_of(kind))
+    other = kept_names(help_file_of("mc" if kind == "ppo" else "ppo"))
     if path is not None and names is not None and other is not None:  # else the parsers' own check says it
         check_config_keys(kind, path, config, names, other)
     task_name = flag_value(argv, "task", config) or "coord-penalty"  # TaskArguments' default
