@@ -341,52 +341,6 @@ def test_an_unclipped_value_is_not_counted_as_clipped_by_rounding():
 
 
 # --------------------------------------------------------------------------- #
-# diagnostics
-# --------------------------------------------------------------------------- #
-def test_explained_variance():
-    ret = T([1.0, 2.0, 3.0, 4.0])
-    assert A.explained_variance(ret, ret) == pytest.approx(1.0)
-    # a constant prediction (the mean) explains nothing
-    assert A.explained_variance(torch.full((4,), 2.5), ret) == pytest.approx(0.0, abs=1e-6)
-    # residual [0,0,0,1]: pop var 0.1875 ; var(ret) 1.25 -> 1 - 0.15 = 0.85
-    assert A.explained_variance(T([1.0, 2.0, 3.0, 3.0]), ret) == pytest.approx(0.85)
-    # masked entries are ignored
-    ev = A.explained_variance(T([1.0, 2.0, 3.0, 4.0, -50.0]), T([1.0, 2.0, 3.0, 4.0, 50.0]), T([1, 1, 1, 1, 0]))
-    assert ev == pytest.approx(1.0)
-    assert math.isnan(A.explained_variance(ret, torch.full((4,), 3.0)))
-
-
-# --------------------------------------------------------------------------- #
-# RunningMeanStd
-# --------------------------------------------------------------------------- #
-def test_running_mean_std_matches_concatenation():
-    rms = A.RunningMeanStd()
-    assert (rms.mean, rms.var, rms.count) == (0.0, 1.0, 1e-4)
-    rms.update(T([1.0, 2.0, 3.0]))
-    rms.update(T([[4.0, 5.0], [6.0, 7.0]]))
-    # 1..7: mean 4, population var (9+4+1+0+1+4+9)/7 = 4 ; the 1e-4 prior barely moves it
-    assert rms.mean == pytest.approx(4.0, abs=1e-3)
-    assert rms.var == pytest.approx(4.0, abs=1e-3)
-    assert rms.count == pytest.approx(7.0001)
-    # normalize: (6 - 4) / 2 = 1
-    close(rms.normalize(T([6.0, 4.0])), [1.0, 0.0], atol=1e-3)
-    close(rms.denormalize(T([1.0, 0.0])), [6.0, 4.0], atol=1e-3)
-
-
-def test_running_mean_std_mask_and_state_dict():
-    rms = A.RunningMeanStd(epsilon=1e-8)
-    rms.update(T([2.0, 4.0, 1e9]), T([1, 1, 0]))
-    rms.update(T([]))  # an empty batch is a no-op
-    # mean 3, var 1 from [2, 4]
-    assert rms.mean == pytest.approx(3.0, abs=1e-6)
-    assert rms.var == pytest.approx(1.0, abs=1e-6)
-    other = A.RunningMeanStd()
-    other.load_state_dict(rms.state_dict())
-    assert other.state_dict() == rms.state_dict()
-    close(other.normalize(T([5.0])), [2.0], atol=1e-6)
-
-
-# --------------------------------------------------------------------------- #
 # Monte-Carlo group baselines (hand-computed on a fixed reward table)
 # --------------------------------------------------------------------------- #
 # Table: group 0 = [1, 2, 6], group 1 = [4, 0], group 2 = [5] (singleton), one masked entry (99) in group 1.
@@ -429,3 +383,79 @@ def test_group_advantages_masked_entry_has_no_influence():
     assert torch.allclose(A.group_advantages(_R, _G, _M, "loo"), A.group_advantages(changed, _G, _M, "loo"))
     with pytest.raises(ValueError, match="baseline"):
         A.group_advantages(_R, _G, _M, baseline="median")
+
+
+# --------------------------------------------------------------------------- #
+# normalisation by scope (both levels)
+# --------------------------------------------------------------------------- #
+# Two agents x two turns, one masked entry (99). agent 0: turn 0 [1, 3], turn 1 [5]; agent 1: turn 0 [2, 6], turn 1 [4].
+_ADV = T([1.0, 3.0, 5.0, 2.0, 6.0, 4.0, 99.0])
+_AGENT = T([0, 0, 0, 1, 1, 1, 1])
+_TURN = T([0, 0, 1, 0, 0, 1, 1])
+_KEEP = T([1, 1, 1, 1, 1, 1, 0], dtype=torch.bool)
+
+
+def test_normalize_by_scope_agent_turn():
+    # (0, 0) [1, 3]: mean 2, sample var 2 -> /sqrt(2): [-0.7071, 0.7071]; (1, 0) [2, 6]: mean 4, var 8 -> /sqrt(8):
+    # [-0.7071, 0.7071]; (0, 1) [5] and (1, 1) [4] are groups of one: left as they are; masked -> 0
+    out = A.normalize_by_scope(_ADV, _KEEP, _AGENT, _TURN, "agent_turn")
+    close(out, [-0.707107, 0.707107, 5.0, -0.707107, 0.707107, 4.0, 0.0])
+
+
+def test_normalize_by_scope_agent():
+    # agent 0 [1, 3, 5]: mean 3, sample var (4 + 0 + 4) / 2 = 4, std 2 -> [-1, 0, 1]
+    # agent 1 [2, 6, 4]: mean 4, sample var (4 + 4 + 0) / 2 = 4, std 2 -> [-1, 1, 0]
+    out = A.normalize_by_scope(_ADV, _KEEP, _AGENT, _TURN, "agent")
+    close(out, [-1.0, 0.0, 1.0, -1.0, 1.0, 0.0, 0.0])
+
+
+def test_normalize_by_scope_batch_and_none():
+    # all six [1, 3, 5, 2, 6, 4]: mean 3.5, squares 6.25 + 0.25 + 2.25 + 2.25 + 6.25 + 0.25 = 17.5, sample var 3.5
+    # -> (x - 3.5) / 1.870829
+    out = A.normalize_by_scope(_ADV, _KEEP, _AGENT, _TURN, "batch")
+    close(out, [-1.336306, -0.267261, 0.801784, -0.801784, 1.336306, 0.267261, 0.0])
+    assert A.normalize_by_scope(_ADV, _KEEP, _AGENT, _TURN, "none") is _ADV
+    with pytest.raises(ValueError, match="scope must be one of"):
+        A.normalize_by_scope(_ADV, _KEEP, _AGENT, _TURN, "episode")
+
+
+def test_normalize_by_scope_std_floor():
+    # the floor switches to the population std: agent 0 [1, 3, 5] pop var 8/3, std 1.632993 -> [-1.224745, 0, 1.224745]
+    out = A.normalize_by_scope(_ADV, _KEEP, _AGENT, _TURN, "agent", std_floor=0.5)
+    close(out, [-1.224745, 0.0, 1.224745, -1.224745, 1.224745, 0.0, 0.0])
+    # a floor above the std divides by the floor: agent 0 (x - 3) / 4, agent 1 (x - 4) / 4
+    out = A.normalize_by_scope(_ADV, _KEEP, _AGENT, _TURN, "agent", std_floor=4.0)
+    close(out, [-0.5, 0.0, 0.5, -0.5, 0.5, 0.0, 0.0])
+    # equal advantages: population std 0, so the floor alone divides ((x - mean) = 0 either way, never NaN)
+    flat = A.normalize_by_scope(T([2.0, 2.0]), None, T([0, 0]), T([0, 0]), "batch", std_floor=1e-6)
+    close(flat, [0.0, 0.0])
+
+
+def test_the_token_level_flattening_is_the_turn_levels_agent_scope():
+    # token level: each agent's valid tokens in one flat vector, turn 0; the same numbers as a turn table whose
+    # (agent, turn) groups hold those tokens
+    tokens = A.normalize_by_scope(
+        T([1.0, 3.0, 5.0, 2.0, 6.0]), None, T([0, 0, 0, 1, 1]), T([0, 0, 0, 0, 0]), "agent_turn"
+    )
+    close(tokens, [-1.0, 0.0, 1.0, -0.707107, 0.707107])
+
+
+# --------------------------------------------------------------------------- #
+# Monte-Carlo tree returns
+# --------------------------------------------------------------------------- #
+def test_tree_returns_by_hand():
+    # one agent, 2 turns. Turn 0: nodes A (r 1) and B (r 2). Turn 1: A's children r 4, 6; B has no children (ended).
+    # gamma 0.5: R1 = [4, 6]; R0(A) = 1 + 0.5 * mean(4, 6) = 3.5; R0(B) = 2 (a leaf: its reward alone)
+    rewards = [T([[1.0], [2.0]]), T([[4.0], [6.0]])]
+    parents = [T([-1, -1]), T([0, 0])]
+    R = A.tree_returns(rewards, parents, gamma=0.5)
+    close(R[0], [[3.5], [2.0]])
+    close(R[1], [[4.0], [6.0]])
+    # three turns, two agents, gamma 1: turn 2 leaf [[1, 3]] under turn 1's node 1; turn 1 [[0, 0], [2, 2]] under node 0
+    # R2 = [[1, 3]]; R1 = [[0, 0], [2 + 1, 2 + 3]] = [[0, 0], [3, 5]]; R0 = [[1, 1]] + mean of R1 = [[1 + 1.5, 1 + 2.5]]
+    rewards = [T([[1.0, 1.0]]), T([[0.0, 0.0], [2.0, 2.0]]), T([[1.0, 3.0]])]
+    parents = [T([-1]), T([0, 0]), T([1])]
+    R = A.tree_returns(rewards, parents, gamma=1.0)
+    close(R[0], [[2.5, 3.5]])
+    close(R[1], [[0.0, 0.0], [3.0, 5.0]])
+    assert rewards[2] is not R[2] and rewards[2].tolist() == [[1.0, 3.0]]  # the rewards are not changed in place

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import chat
+from . import algorithms, chat
 from .envs import MultiAgentEnv
 from .generation.sampler import Generation, Sampler
 from .team.agents import Observation
@@ -98,15 +98,25 @@ def _play_turn(sampler, env, observations, episodes, histories, t, turn_ids):
         for i in range(len(names)):
             histories[e][1][i].append(completions[k][i])
     step = env.step_batch(completions, episodes, len(names), names)
-    # The one place every environment's rewards pass (batch envs may build their tensor themselves).
+    check_rewards(env, step, episodes, len(names), t)
+    return turn, step
+
+
+def check_rewards(env: MultiAgentEnv, step, episodes: list[int], num_agents: int, t: int) -> None:
+    """The one place every environment's rewards pass, on every runner (batch envs may build their tensor
+    themselves): one finite float32 reward per agent for each episode the step was given."""
     rewards = torch.as_tensor(step.rewards).float()
+    if tuple(rewards.shape) != (len(episodes), num_agents):
+        raise ValueError(
+            f"{type(env).__name__}.step_batch returned rewards of shape {tuple(rewards.shape)} for {len(episodes)} "
+            f"episodes (turn {t}); expected ({len(episodes)}, {num_agents}): one reward per agent per episode."
+        )
     if not bool(torch.isfinite(rewards).all()):
         k = int((~torch.isfinite(rewards)).any(-1).nonzero()[0])
         raise ValueError(
             f"{type(env).__name__}.step_batch returned a reward that is non-finite in float32 for episode "
             f"{episodes[k]} (turn {t}): {rewards[k].tolist()}; rewards must be finite floats that fit float32."
         )
-    return turn, step
 
 
 def _ended(step, early_termination_threshold: float | None) -> torch.Tensor:
@@ -176,18 +186,7 @@ class SampleTree:
     def returns(self, gamma: float, rewards: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
         """R_t(node) = r_t(node) + gamma * mean of R_{t+1} over the node's children (its reward alone at a leaf).
         `rewards` replaces the environment's rewards (e.g. after a missing-EOS penalty)."""
-        rewards = self.rewards if rewards is None else rewards
-        out = [None] * self.num_turns
-        for t in reversed(range(self.num_turns)):
-            ret = rewards[t].clone()
-            if t + 1 < self.num_turns and len(self.parents[t + 1]):
-                n_nodes, n = ret.shape
-                sums = torch.zeros(n_nodes, n).index_add_(0, self.parents[t + 1], out[t + 1])
-                counts = torch.zeros(n_nodes).index_add_(0, self.parents[t + 1], torch.ones(len(self.parents[t + 1])))
-                has_children = counts > 0
-                ret[has_children] += gamma * sums[has_children] / counts[has_children].unsqueeze(-1)
-            out[t] = ret
-        return out
+        return algorithms.tree_returns(self.rewards if rewards is None else rewards, self.parents, gamma)
 
 
 def run_tree(
@@ -276,6 +275,7 @@ def run_cross(
     env.reset_batch([rows[e] for e, _ in combos], n, names)
     completions = [[gens[a].texts[e * G + p[i]] for i, a in enumerate(names)] for e, p in combos]
     step = env.step_batch(completions, list(range(len(combos))), n, names)
+    check_rewards(env, step, list(range(len(combos))), n, 0)
     sums = torch.zeros(E * G, n)
     counts = torch.zeros(E * G, n)
     for c, (e, p) in enumerate(combos):

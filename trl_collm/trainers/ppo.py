@@ -18,6 +18,7 @@ from .. import algorithms as alg
 from ..critics import CriticBatch, build_critic
 from ..generation.backends import sampler_logits_are_the_models
 from ..rollout import Rollout
+from ..value_stats import RunningMeanStd, explained_variance
 from .base import TeamTrainerBase, _chunked
 from .ppo_config import MultiAgentPPOConfig
 from .scored import ScoredTurn
@@ -196,7 +197,7 @@ class MultiAgentPPOTrainer(TeamTrainerBase):
             critic_processing_class=critic_processing_class,
             prompt_formatters=prompt_formatters,
         )
-        self.value_rms = alg.RunningMeanStd() if args.value_normalization else None
+        self.value_rms = RunningMeanStd() if args.value_normalization else None
 
     def sampler_logprob_temperature(self) -> float | None:
         """The policy's temperature in the loss, when the old log-probs come from the sampler."""
@@ -355,19 +356,12 @@ class MultiAgentPPOTrainer(TeamTrainerBase):
         return PPOAdvantages(per_turn, values, returns, raw, value_table=V, return_table=ret, targets=targets)
 
     def _normalize_advantages(self, adv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        args = self.args
-        if args.advantage_norm_scope == "none":
-            return adv
         E, T, n = adv.shape
         agent_id = torch.arange(n).view(1, 1, n).expand(E, T, n)
         turn_id = torch.arange(T).view(1, T, 1).expand(E, T, n)
-        groups = {"batch": torch.zeros_like(agent_id), "agent": agent_id, "agent_turn": agent_id * T + turn_id}[
-            args.advantage_norm_scope
-        ]
         full_mask = mask.unsqueeze(-1).expand(E, T, n)
-        if args.advantage_norm_std_floor is not None:
-            return alg.zscore_by_group(adv, groups, full_mask, unbiased=False, std_floor=args.advantage_norm_std_floor)
-        return alg.zscore_by_group(adv, groups, full_mask, unbiased=True)
+        scope, floor = self.args.advantage_norm_scope, self.args.advantage_norm_std_floor
+        return alg.normalize_by_scope(adv, full_mask, agent_id, turn_id, scope, floor)
 
     def _token_advantages(
         self, turns: list[dict[str, PPOTurn]], cbs: list[CriticBatch], scores: torch.Tensor
@@ -395,19 +389,15 @@ class MultiAgentPPOTrainer(TeamTrainerBase):
             targets.append(ValueTargets(v, ret, mask))
             raw[a] = adv
             all_values.append(v[mask]), all_returns.append(ret[mask]), all_adv.append(adv[mask])
-        scope = args.advantage_norm_scope
-        if scope == "batch":
-            flat = torch.cat([raw[a][turn[a].gen.response_mask] for a in names])
-            mean, std = flat.mean(), flat.std() if flat.numel() > 1 else torch.tensor(1.0)
+        # One turn: each agent's valid tokens, flattened, through the turn level's normalisation.
+        masks, scope = {a: turn[a].gen.response_mask for a in names}, args.advantage_norm_scope
+        sizes = [int(masks[a].sum()) for a in names]
+        agent_id = torch.cat([torch.full((k,), i) for i, k in enumerate(sizes)])
+        flat = torch.cat([raw[a][masks[a]] for a in names])
+        flat = alg.normalize_by_scope(flat, None, agent_id, 0 * agent_id, scope, args.advantage_norm_std_floor)
         normalized = {}
-        for a in names:
-            m = turn[a].gen.response_mask
-            if scope in ("agent", "agent_turn"):
-                normalized[a] = alg.whiten(raw[a], m)
-            elif scope == "batch":
-                normalized[a] = ((raw[a] - mean) / (std + 1e-8)).masked_fill(~m, 0)
-            else:
-                normalized[a] = raw[a]
+        for a, part in zip(names, flat.split(sizes)):
+            normalized[a] = raw[a] if scope == "none" else torch.zeros_like(raw[a]).masked_scatter(masks[a], part)
         return PPOAdvantages(
             [normalized],
             torch.cat(all_values).cpu(),
@@ -588,7 +578,7 @@ class MultiAgentPPOTrainer(TeamTrainerBase):
         if s.value_table is not None:  # turn-level
             mask = scored.rollout.turn_mask
             for i, a in enumerate(self.team.names):
-                out[f"{a}/critic/explained_variance"] = alg.explained_variance(
+                out[f"{a}/critic/explained_variance"] = explained_variance(
                     s.value_table[:, :, i], s.return_table[:, :, i], mask
                 )
                 out[f"{a}/critic/value_mean"] = float(s.value_table[:, :, i][mask].mean())
