@@ -257,3 +257,20 @@ def test_backend_options_are_read_once_and_typed():
     folder = pathlib.Path(backends.__file__).parent
     loose = [p.name for p in folder.glob("*.py") if "getattr(args" in p.read_text() and p.name != "sampler.py"]
     assert loose == []  # sampler.py: SamplingSettings.from_config and BackendOptions.from_args, one each
+
+
+def test_backend_options_and_the_configs_share_one_default_per_field():
+    """`BackendOptions` (what eval / play fall back on) and the trainer configs hold the same default for every
+    backend field: the configs read theirs from `BackendOptions`."""
+    import dataclasses
+
+    from trl_collm import MultiAgentMCConfig, MultiAgentPPOConfig
+    from trl_collm.generation.sampler import BackendOptions
+
+    options = {f.name: f.default for f in dataclasses.fields(BackendOptions)}
+    # the two that differed (None in BackendOptions): TRL's 64 rows per call and GRPO's importance-sampling cap 3.0
+    assert (options["local_rollout_forward_batch_size"], options["vllm_importance_sampling_clip_max"]) == (64, 3.0)
+    for config in (MultiAgentPPOConfig, MultiAgentMCConfig):
+        defaults = {f.name: f.default for f in dataclasses.fields(config) if f.name in options}
+        assert defaults.keys() == options.keys(), config.__name__
+        assert {k: v for k, v in defaults.items() if v != options[k]} == {}, config.__name__

@@ -156,9 +156,10 @@ class GenerationRequest:
 @dataclasses.dataclass(frozen=True)
 class BackendOptions:
     """What the built-in backends are configured with, typed: the trainer configs' fields of the same names (TRL's),
-    which a command-line namespace for eval / play may carry too. `from_args` is the one place that reads them."""
+    which a command-line namespace for eval / play may carry too. `from_args` is the one place that reads them.
+    The defaults here are the configs' defaults too (`TeamConfig` reads them from this class)."""
 
-    local_rollout_forward_batch_size: int | None = None  # generate(): rows per call (None: all at once)
+    local_rollout_forward_batch_size: int | None = 64  # generate(): rows per call (None: all at once)
     share_prompt_prefix: bool = True  # generate(): the shared-prefix prefill
     use_transformers_continuous_batching: bool = False
     transformers_continuous_batching_config: dict | None = None  # a dict, or its JSON from the command line
@@ -169,7 +170,7 @@ class BackendOptions:
     vllm_enable_sleep_mode: bool = False
     vllm_model_impl: str = "vllm"
     vllm_importance_sampling_clip_min: float | None = None
-    vllm_importance_sampling_clip_max: float | None = None
+    vllm_importance_sampling_clip_max: float | None = 3.0  # None: no upper bound
 
     def __post_init__(self):
         config = self.transformers_continuous_batching_config

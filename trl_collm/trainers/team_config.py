@@ -18,6 +18,7 @@ from typing import Annotated
 from transformers.trainer_utils import SchedulerType
 from trl.trainer.base_config import _BaseConfig
 
+from ..generation.sampler import BackendOptions
 from ..team.names import check_agent_names
 from .presets import PresetDefault, fill_preset_defaults
 from .ranges import ABOVE_0, ANY, AT_LEAST_0, AT_LEAST_1, UNIT, UNIT_OPEN_BOTTOM, check_numeric_fields
@@ -231,7 +232,8 @@ class TeamConfig(_BaseConfig):
         },
     )
     local_rollout_forward_batch_size: Annotated[int, AT_LEAST_1] = field(
-        default=64, metadata={"help": "Per rank no grad forward pass in the rollout phase."}
+        default=BackendOptions.local_rollout_forward_batch_size,
+        metadata={"help": "Per rank no grad forward pass in the rollout phase."},
     )
     num_sample_generations: Annotated[int, AT_LEAST_0] = field(
         default=10,
@@ -380,7 +382,8 @@ class TeamConfig(_BaseConfig):
         metadata={"help": "'token_truncate', 'token_mask', 'sequence_truncate' or 'sequence_mask'."},
     )
     vllm_importance_sampling_clip_max: Annotated[float | None, ABOVE_0] = field(
-        default=3.0, metadata={"help": "Upper bound of the importance-sampling ratio (None: no upper bound)."}
+        default=BackendOptions.vllm_importance_sampling_clip_max,
+        metadata={"help": "Upper bound of the importance-sampling ratio (None: no upper bound)."},
     )
     vllm_importance_sampling_clip_min: Annotated[float | None, AT_LEAST_0] = field(
         default=None,
