@@ -126,6 +126,7 @@ SLOW_FILES = frozenset(
         "test_benchmarks_smoke.py",  # each benchmark script in a subprocess
         "test_deepspeed_kill.py",  # 2-process DeepSpeed runs killed inside a save
         "test_dropin.py",  # TRL's PPO script in subprocesses
+        "test_grpo_script.py",  # TRL's GRPO script in subprocesses
         "test_multinode.py",  # 2 accelerate machines on loopback
         "test_resume.py",  # a run killed in a subprocess and resumed
     }
