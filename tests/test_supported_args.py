@@ -15,6 +15,7 @@ import torch
 from transformers import HfArgumentParser, TrainingArguments
 
 from trl_collm import MultiAgentMCConfig, MultiAgentPPOConfig, MultiAgentPPOTrainer, TeamConfig
+from trl_collm.trainers.grpo_fields import GRPORefusedFields
 from trl_collm.trainers.supported_args import (
     HONOURED,
     NOT_APPLICABLE,
@@ -29,6 +30,8 @@ BASE = dict(output_dir="/tmp/unused-supported-args", use_cpu=True, bf16=False, r
 OWN = set()
 for _cls in (TeamConfig, MultiAgentPPOConfig, MultiAgentMCConfig):
     OWN |= set(_cls.__dict__["__annotations__"])
+# GRPOConfig's fields MultiAgentMCConfig parses and refuses have their own table (tests/test_grpo_config.py)
+OWN |= set(GRPORefusedFields.__dataclass_fields__)
 TRAINING_ARGUMENTS = {f.name for f in dataclasses.fields(TrainingArguments)}
 
 

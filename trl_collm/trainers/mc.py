@@ -242,16 +242,10 @@ class MultiAgentMCTrainer(TeamTrainerBase):
         for t, ret in enumerate(returns):
             mask = tree.credit_mask[t] if tree.credit_mask is not None else torch.ones_like(ret, dtype=torch.bool)
             adv = torch.stack(
-                [self._group_advantages(ret[:, i], tree.groups[t], mask[:, i]) for i in range(ret.shape[1])], -1
+                [_group_advantages(args, ret[:, i], tree.groups[t], mask[:, i]) for i in range(ret.shape[1])], -1
             )
             out.append(adv)
         return MCAdvantages(out, returns)
-
-    def _group_advantages(self, returns: torch.Tensor, groups: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        args = self.args
-        if args.scale_rewards is None:
-            return alg.group_advantages(returns, groups, mask, args.baseline, args.scale_advantages)
-        return alg.grpo_scaled_advantages(returns, groups, mask, args.baseline, args.scale_rewards)
 
     # ------------------------------------------------------------------ the iteration
     def training_iteration(self, rows: list[dict]) -> dict:
@@ -439,3 +433,12 @@ def _one_agent(args: MultiAgentMCConfig, model) -> bool:
     if isinstance(model, (list, tuple, dict)):
         return len(model) == 1
     return args.num_agents in (None, 1) and (args.agent_names is None or len(args.agent_names) == 1)
+
+
+def _group_advantages(args, returns: torch.Tensor, groups: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """One agent's advantages at one turn: return minus its group's baseline, scaled as scale_advantages (ours) or
+    scale_rewards (GRPO's) says."""
+    scale_rewards = getattr(args, "scale_rewards", None)
+    if scale_rewards is None:
+        return alg.group_advantages(returns, groups, mask, args.baseline, args.scale_advantages)
+    return alg.grpo_scaled_advantages(returns, groups, mask, args.baseline, scale_rewards)
