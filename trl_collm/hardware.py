@@ -8,8 +8,12 @@ an AVX2-only machine of this project. One place answers the question for the tra
 from __future__ import annotations
 
 import functools
+import os
 import platform
 import time
+
+THREADS_ENV = "TRL_COLLM_THREADS"  # a thread count, or "torch" for torch's own choice (the Python path's override)
+_chosen_threads: int | None = None  # the count pick_cpu_threads last set (the CLI's, then the trainer sees it stands)
 
 _NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})  # x86 (AVX-512 / AMX), Arm (FEAT_BF16)
 
@@ -71,3 +75,54 @@ def matmul_gflops(dtype, n: int = 1024, seconds: float = 0.5) -> float:
         if t1 - start >= seconds:
             break
     return 2 * n**3 / max(best, 1e-9) / 1e9
+
+
+def _torch_default_threads() -> set[int]:
+    """The counts torch starts with on this machine (one per core: physical or logical, within this process's
+    affinity). A count outside them was set by someone: the user's own torch.set_num_threads."""
+    counts = {os.cpu_count() or 1}
+    if hasattr(os, "sched_getaffinity"):
+        counts.add(len(os.sched_getaffinity(0)))
+    cores = {line.split(":")[1].strip() for line in _cpuinfo_lines() if line.startswith("core id")}
+    if cores:
+        counts.add(len(cores))
+    return counts
+
+
+def _cpuinfo_lines() -> list[str]:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            return f.read().splitlines()
+    except OSError:
+        return []
+
+
+def pick_cpu_threads(threads: int | None, on_cpu: bool, keep_user_count: bool = False) -> int | None:
+    """torch's intra-op thread count for a run, the one rule of the CLI (`--threads`) and the trainers (Python):
+    `threads` when given; else TRL_COLLM_THREADS (a count, or "torch" to keep torch's choice); else, on CPU, 1
+    unless OMP_NUM_THREADS is set (torch read it at import); on GPU, torch's default. torch's own CPU default (one
+    thread per core) made the tiny-model CPU runs 5-25x slower on a shared machine: its threads spin-wait for cores
+    other processes hold. `keep_user_count` (the trainers): a count the user set with torch.set_num_threads (one
+    that is not torch's default here), or one this function set before (the CLI's `--threads`), stands.
+    Returns the count set, or None when the count is left as it is. A count < 1 is a ValueError."""
+    global _chosen_threads
+    import torch
+
+    if threads is None and os.environ.get(THREADS_ENV, "").strip():
+        value = os.environ[THREADS_ENV].strip()
+        if value.lower() == "torch":
+            return None
+        if not value.isdigit():
+            raise ValueError(f"{THREADS_ENV}={value!r}: give a thread count >= 1, or 'torch' for torch's own choice")
+        threads = int(value)
+    if threads is not None and threads < 1:
+        raise ValueError(f"a torch thread count must be >= 1, got {threads}")
+    if threads is None:
+        if not on_cpu or os.environ.get("OMP_NUM_THREADS"):
+            return None
+        now = torch.get_num_threads()
+        if keep_user_count and (now == _chosen_threads or now not in _torch_default_threads()):
+            return None
+    torch.set_num_threads(threads or 1)
+    _chosen_threads = threads or 1
+    return _chosen_threads

@@ -94,18 +94,17 @@ def _options(task_options) -> dict:
 
 
 def set_cpu_threads(threads: int | None, on_cpu: bool) -> int | None:
-    """Choose torch's intra-op thread count: `threads` when given; on CPU, OMP_NUM_THREADS when set (torch read it
-    at import), else 1; on GPU, torch's default. torch's own CPU default (one thread per core) made the tiny-model CPU
-    configs 10-25x slower on a shared machine: its threads spin-wait for cores other processes hold. Returns the
-    count set, or None when torch's choice stands."""
+    """Choose torch's intra-op thread count for a command (`hardware.pick_cpu_threads`, the rule the trainers apply
+    to a run started from Python too): `threads` when given; on CPU, OMP_NUM_THREADS when set (torch read it at
+    import), else 1; on GPU, torch's default. Returns the count set, or None when torch's choice stands."""
     if threads is not None and threads < 1:
         raise UsageError(f"--threads {threads}: give a thread count >= 1, or leave it unset for the default")
-    if threads is None and (not on_cpu or os.environ.get("OMP_NUM_THREADS")):
-        return None
-    import torch
+    from ..hardware import pick_cpu_threads
 
-    torch.set_num_threads(threads or 1)
-    return threads or 1
+    try:
+        return pick_cpu_threads(threads, on_cpu)
+    except ValueError as e:
+        raise UsageError(str(e)) from e
 
 
 def _task_turns(task, opts: dict) -> int:

@@ -11,7 +11,7 @@ import os
 import time
 
 import torch
-from transformers import PrinterCallback, ProgressCallback, TrainerState, set_seed
+from transformers import TrainerState, set_seed
 from transformers.trainer_callback import ExportableState
 from transformers.trainer_utils import TrainOutput
 from trl.trainer.base_trainer import _BaseTrainer
@@ -22,6 +22,7 @@ from ..generation.backends import make_backend
 from ..generation.prompts import PromptSettings
 from ..generation.sampler import Sampler, SamplingSettings
 from ..numerics import NonFiniteSteps
+from ..quiet import library_quiet
 from ..rollout import Rollout, run_episodes
 from ..team import saved
 from ..team.assembly import TeamModel, build_team, resolve_agent_names
@@ -29,8 +30,9 @@ from ..team.autocast_cache import cache_frozen_linears
 from ..team.cpu_attention import use_float32_cpu_attention
 from . import checkpoints, distributed, evaluation, hub
 from .batches import DataPasses, rollout_loader, set_batch_sizes
-from .console import ConsoleCallback, PhaseClock, TimedSampler
+from .console import PhaseClock, TimedSampler
 from .output_dir import check_writable, claim_output_dir
+from .progress import install_console, keep_samples, sample_due, threads_and_quiet
 from .updates import TeamUpdates
 
 logger = logging.getLogger(__name__)
@@ -66,15 +68,17 @@ class TeamTrainerBase(TeamUpdates, _BaseTrainer):
         # Seed before building anything: fresh heads (value heads, a new `score` layer) must initialise the same way
         # in every run, or a resumed or repeated run cannot match (transformers.Trainer seeds only later).
         set_seed(args.seed)
+        threads_and_quiet(args)  # torch's threads as the CLI picks them; no DeepSpeed accelerator line (progress.py)
         names = resolve_agent_names(model, args)
         if args.should_save:  # a folder no save can write to fails here, not at the first save hours later
             check_writable(args.output_dir)
         args.resolve_for_team(len(names))
         distributed.prepare_args_for_deepspeed(args)  # before the accelerator exists (CPU backend, use_cpu, clipping)
-        team = build_team(model, processing_class, ref_model, peft_config, args, names)
-        # What the team is built from, before DeepSpeed can partition it (team.json; a resume compares it)
-        self.base_identity = saved.base_identity(team)
-        critic = self.build_critic(team, value_model, args, peft_config, critic_processing_class)
+        with library_quiet():  # transformers' weight-loading bars, its and PEFT's FutureWarnings (trl_collm/quiet.py)
+            team = build_team(model, processing_class, ref_model, peft_config, args, names)
+            # What the team is built from, before DeepSpeed can partition it (team.json; a resume compares it)
+            self.base_identity = saved.base_identity(team)
+            critic = self.build_critic(team, value_model, args, peft_config, critic_processing_class)
         self.env = build_env(env, reward_funcs, reward_model, prompt_formatters, args, team)
         self.reward_model = reward_model
         team_model = TeamModel(team, critic)
@@ -102,10 +106,7 @@ class TeamTrainerBase(TeamUpdates, _BaseTrainer):
                 if isinstance(module, torch.nn.Module):
                     cache_frozen_linears(module)
                     use_float32_cpu_attention(module)
-        # transformers' printers show every key as a string; ours one line of a few numbers with progress and ETA
-        for printer in (PrinterCallback, ProgressCallback):
-            self.remove_callback(printer)
-        self.add_callback(ConsoleCallback)
+        install_console(self)  # one line of a few numbers per log, a progress bar with its ETA (progress.py)
         self.phase_clock = PhaseClock()
         self.sampler = self.build_sampler()
         self._last_loaded_step = None  # the global_step whose weights the backend has seen (TRL's pattern)
@@ -397,16 +398,9 @@ class TeamTrainerBase(TeamUpdates, _BaseTrainer):
             self.control = self.callback_handler.on_epoch_end(args, self.state, self.control)
             self._log_save_evaluate(metrics)
             self.state.epoch = passes.next_pass()
-        if self._sample_now():
-            self.generate_completions(sampling=True)
+        if sample_due(self):  # num_sample_generations: kept in output_dir/samples.jsonl, not printed (progress.py)
+            keep_samples(self, self.generate_completions(sampling=True, show=False))
         return self.control.should_training_stop
-
-    def _sample_now(self) -> bool:
-        """num_sample_generations printouts (on the eval set) spread evenly over the run."""
-        samples = self.args.num_sample_generations
-        if samples <= 0 or self.eval_dataset is None:
-            return False
-        return self.state.global_step % max(1, self.args.num_total_batches // samples) == 0
 
     def _end_training(self) -> TrainOutput:
         """load_best_model_at_end, on_train_end, and transformers' TrainOutput."""
@@ -464,7 +458,8 @@ class TeamTrainerBase(TeamUpdates, _BaseTrainer):
         for cb in self._exportable_callbacks():
             states.setdefault(type(cb).__name__, []).append(cb.state())
         state.stateful_callbacks = {k: v[0] if len(v) == 1 else v for k, v in states.items()}
-        path = checkpoints.save_checkpoint(self, args.output_dir)
+        with library_quiet():
+            path = checkpoints.save_checkpoint(self, args.output_dir)
         self.control = self.callback_handler.on_save(args, state, self.control)
         if args.push_to_hub and args.hub_strategy == "every_save":
             self.push_to_hub(commit_message=f"Training in progress, iteration {state.global_step}")
@@ -490,12 +485,12 @@ class TeamTrainerBase(TeamUpdates, _BaseTrainer):
         return metrics
 
     @torch.no_grad()
-    def generate_completions(self, sampling: bool = False, num_rows: int = 4) -> list[dict]:
-        """Run a few episodes (eval set, else train set) and print/return each agent's completions per turn."""
+    def generate_completions(self, sampling: bool = False, num_rows: int = 4, show: bool = True) -> list[dict]:
+        """Run a few episodes (eval set, else train set) and return (`show`: and print) each agent's completions."""
         dataset = self.eval_dataset if self.eval_dataset is not None else self.train_dataset
         rows = [dataset[i] for i in range(min(num_rows, len(dataset)))]
         table = evaluation.completion_table(self, rows, greedy=not sampling)
-        if self.is_world_process_zero():
+        if show and self.is_world_process_zero():
             evaluation.print_table(table, self.team.names)
         return table
 
@@ -552,7 +547,8 @@ class TeamTrainerBase(TeamUpdates, _BaseTrainer):
         full = distributed.full_state_dict(self)
         self.accelerator.wait_for_everyone()
         if self.is_world_process_zero():
-            saved.write_team(output_dir, self.team, self.critic, self.team_description(), full)
+            with library_quiet():  # transformers' "Writing model shards" bars
+                saved.write_team(output_dir, self.team, self.critic, self.team_description(), full)
             torch.save(self.args, os.path.join(output_dir, "training_args.bin"))
             # The card beside the team, from Python as from the CLI (which calls save_model too)
             self.create_model_card(model_name=os.path.basename(os.path.normpath(output_dir)), output_dir=output_dir)
