@@ -277,7 +277,6 @@ class MultiAgentMCConfig(GRPORefusedFields, TeamConfig):
                 "`loss_type='reinforce'` is on-policy (no ratio); set `num_iterations=1` or use loss_type='clipped'."
             )
 
-
     def _check_grpo_names(self) -> None:
         """GRPOConfig's names that set our fields: scale_rewards, generation_batch_size / steps_per_generation, the
         GRPO-loss-only fields, trust_remote_code."""
