@@ -293,6 +293,7 @@ def train(kind: str, argv: list[str]) -> str | None:
     push = _check_push(args)
     with user_errors():
         num_agents = opts.get("num_agents", len(task.agent_names))
+        names_given = args.agent_names is not None or "num_agents" in opts
         if args.agent_names is None:
             same = num_agents == len(task.agent_names)
             args.agent_names = list(task.agent_names) if same else [f"agent_{i + 1}" for i in range(num_agents)]
@@ -337,7 +338,7 @@ def train(kind: str, argv: list[str]) -> str | None:
                 "--train_limit"
             )
         env = call_with_supported(task.make_env, **opts)
-        _check_team_shape(task, env, train_ds[0], args.agent_names, opts)
+        _check_team_shape(task, env, train_ds[0], args.agent_names, opts, names_given)
         if task_args.agent_models:
             model = [_resolve_model(p, "--agent_models") for p in task_args.agent_models]
         else:
@@ -377,15 +378,17 @@ def train(kind: str, argv: list[str]) -> str | None:
 
 @contextlib.contextmanager
 def _disk_errors(output_dir: str):
-    """A full disk while training or saving is the machine's state, not a bug: one line saying where and what."""
+    """A full disk while training or saving is the machine's state, not a bug: one line saying where and what. So is
+    a task's env breaking the protocol (envs/protocol.py's EnvError names its class and method)."""
     import errno
 
+    from ..envs.protocol import EnvError
     from ..trainers.checkpoints import CheckpointWriteError
     from ..trainers.output_dir import LockWriteError
 
     try:
         yield
-    except (CheckpointWriteError, LockWriteError) as e:  # their messages name the file and the fix
+    except (CheckpointWriteError, LockWriteError, EnvError) as e:  # their messages name the file / the env and the fix
         raise UsageError(str(e)) from e
     except OSError as e:
         if e.errno not in (errno.ENOSPC, errno.EDQUOT):

@@ -210,14 +210,21 @@ def _count_agents(task, env, row: dict, names: list[str]) -> int:
         return len(validate_observations(observations, where, 0, n, None))
 
 
-def _check_team_shape(task, env, row: dict, names: list[str], opts: dict) -> None:
-    """The team the flags describe must fit the environment, said before any model loads."""
+def _check_team_shape(task, env, row: dict, names: list[str], opts: dict, names_given: bool = True) -> None:
+    """The team the flags describe must fit the environment, said before any model loads. `names_given`: the team
+    size came from the flags (--agent_names, a num_agents option), not from the task's own agent names: when the
+    task's own team does not fit its env, the env is at fault, and the message says so."""
     declared = getattr(env, "agent_names", None)
     if declared is not None and list(declared) != list(names):
         raise UsageError(
             f"--agent_names {' '.join(names)}: task {task.name!r} is played by {list(declared)}; drop --agent_names"
         )
     seats = _count_agents(task, env, row, names)
+    if seats != len(names) and not names_given:
+        raise UsageError(
+            f"{type(env).__name__}.reset returned {seats} observation(s) for task {task.name!r}, whose agents are "
+            f"{names}: an env's reset must return one observation per agent; fix the env (or the task's agent_names)"
+        )
     if seats != len(names):
         via = "--task_options num_agents" if "num_agents" in opts else "--agent_names"
         raise UsageError(

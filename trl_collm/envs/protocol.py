@@ -54,6 +54,12 @@ class BatchStep:
 # ----------------------------------------------------------------------------------------------------------------
 
 
+class EnvError(ValueError):
+    """What an environment's `reset` / `step` (or a reward function) returned breaks the protocol; the message names
+    the class and the method (`where`). A ValueError, so existing handlers keep working; the CLI says it in one line
+    (the env is the user's code: its traceback adds nothing)."""
+
+
 def _team_phrase(num_agents: int, agent_names: Sequence[str] | None) -> str:
     """'the team has 2 agents (alice, bob)'; names are only shown when known and consistent with the count."""
     noun = "agent" if num_agents == 1 else "agents"
@@ -120,7 +126,7 @@ def _validate_observation(obs: Any, where: str, episode: int, agent: int, agent_
     ValueError naming the culprit. Every prompt an env hands the team passes here: the one place text from outside
     (datasets, env feedback, generated code's error messages) is cleaned."""
     if isinstance(obs, (str, list, tuple)) and len(obs) == 0:
-        raise ValueError(
+        raise EnvError(
             f"{where} returned an empty prompt for episode {episode}, {_agent_label(agent, agent_names)}; give every "
             "agent some prompt text (a model continues from at least one token)."
         )
@@ -132,7 +138,7 @@ def _validate_observation(obs: Any, where: str, episode: int, agent: int, agent_
         # A conversation: each agent renders it with its own chat template (trl_collm/chat.py).
         check_conversation(obs, f"{where}'s observation for episode {episode}, {_agent_label(agent, agent_names)}")
         return [dict(m) for m in clean_messages(obs)]
-    raise ValueError(
+    raise EnvError(
         f"{where} returned an invalid observation for episode {episode}, {_agent_label(agent, agent_names)}: "
         f"{_describe(obs)}. An observation must be a str (the prompt text), a list[int] (prompt token ids) or a "
         f"list of {{'role', 'content'}} messages (a conversation)."
@@ -143,12 +149,12 @@ def validate_observations(obs_list: Any, where: str, episode: int, num_agents: i
     """One observation per agent, each checked (`where` names the env call in errors); the CLI checks a task's
     first prompts with it before any model loads."""
     if isinstance(obs_list, str) or not isinstance(obs_list, (list, tuple)):
-        raise ValueError(
+        raise EnvError(
             f"{where} returned {_describe(obs_list)} for episode {episode}; expected a list with one observation "
             f"per agent ({_team_phrase(num_agents, agent_names)}). Return a list of {num_agents} observations."
         )
     if len(obs_list) != num_agents:
-        raise ValueError(
+        raise EnvError(
             f"{where} returned {len(obs_list)} observations for episode {episode}; "
             f"{_team_phrase(num_agents, agent_names)}. Return one observation per agent."
         )
@@ -158,13 +164,13 @@ def validate_observations(obs_list: Any, where: str, episode: int, num_agents: i
 def _validate_done(done: Any, where: str, episode: int) -> bool:
     # Strings are rejected on purpose: bool("False") is True, a silent trap.
     if isinstance(done, (str, bytes)) or done is None:
-        raise ValueError(
+        raise EnvError(
             f"{where} returned done={_describe(done)} for episode {episode}; done must be a bool "
             f"(True when the episode is over)."
         )
     if isinstance(done, torch.Tensor):
         if done.numel() != 1:
-            raise ValueError(
+            raise EnvError(
                 f"{where} returned a done tensor with {done.numel()} elements for episode {episode}; "
                 f"done must be a single bool for the episode."
             )
@@ -172,7 +178,7 @@ def _validate_done(done: Any, where: str, episode: int) -> bool:
     try:
         return bool(done)
     except Exception as err:  # e.g. a numpy array with several elements
-        raise ValueError(
+        raise EnvError(
             f"{where} returned done={_describe(done)} for episode {episode}, which cannot be read as a bool "
             f"({err}); done must be a single bool for the episode."
         ) from None
@@ -201,13 +207,13 @@ def _reward_row(
         row = [scalar] * num_agents
     elif isinstance(value, (list, tuple)) or (isinstance(value, torch.Tensor) and value.dim() == 1):
         if reward_type == "joint":
-            raise ValueError(
+            raise EnvError(
                 f"{source} returned a list of rewards for episode {episode} but reward_type='joint'; "
                 f"return one float per episode, or set reward_type='per_agent' (or 'auto') for per-agent rewards."
             )
         items = value.tolist() if isinstance(value, torch.Tensor) else list(value)
         if len(items) != num_agents:
-            raise ValueError(
+            raise EnvError(
                 f"{source} returned {len(items)} rewards for episode {episode} but "
                 f"{_team_phrase(num_agents, agent_names)}; return a float or a list of {num_agents} floats."
             )
@@ -215,29 +221,29 @@ def _reward_row(
         for i, item in enumerate(items):
             number = _to_number(item)
             if number is None:
-                raise ValueError(
+                raise EnvError(
                     f"{source} returned a non-numeric reward {_describe(item)} for episode {episode}, "
                     f"{_agent_label(i, agent_names)}; rewards must be floats."
                 )
             row.append(number)
     elif value is None:
-        raise ValueError(
+        raise EnvError(
             f"{source} returned None for episode {episode}; every episode needs a reward "
             f"(a float, or a list of {num_agents} floats). Return 0.0 if the task does not apply."
         )
     else:
-        raise ValueError(
+        raise EnvError(
             f"{source} returned a non-numeric reward {_describe(value)} for episode {episode}; "
             f"return a float or a list of {num_agents} floats."
         )
     for i, r in enumerate(row):
         if not math.isfinite(r):
-            raise ValueError(
+            raise EnvError(
                 f"{source} returned a non-finite reward {r} for episode {episode}, {_agent_label(i, agent_names)}; "
                 f"rewards must be finite floats (check for division by zero or log(0))."
             )
         if not fits_float32(r):  # finite as a Python float, but rewards are used as float32
-            raise ValueError(
+            raise EnvError(
                 f"{source} returned a reward {r:g} for episode {episode}, {_agent_label(i, agent_names)}, that "
                 f"overflows float32 (|r| > {FLOAT32_MAX:.3g}, the dtype rewards are used in); scale the reward down."
             )
@@ -246,7 +252,7 @@ def _reward_row(
 
 def _check_reward_type(reward_type: str, source: str) -> None:
     if reward_type not in _REWARD_TYPES:
-        raise ValueError(f"{source}: reward_type must be one of {_REWARD_TYPES}, got {reward_type!r}.")
+        raise EnvError(f"{source}: reward_type must be one of {_REWARD_TYPES}, got {reward_type!r}.")
 
 
 def as_float_rewards(
@@ -268,12 +274,12 @@ def as_float_rewards(
     elif hasattr(values, "tolist") and not isinstance(values, (list, tuple)):  # numpy arrays
         values = values.tolist()
     if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
-        raise ValueError(
+        raise EnvError(
             f"{source} returned {_describe(values)}; expected a list with one reward per episode "
             f"(a float, or a list of {num_agents} floats)."
         )
     if num_episodes is not None and len(values) != num_episodes:
-        raise ValueError(
+        raise EnvError(
             f"{source} returned {len(values)} rewards but the batch has {num_episodes} episodes; "
             f"return one entry per episode (a float, or a list of {num_agents} floats)."
         )
@@ -422,7 +428,7 @@ class MultiAgentEnv:
         for e, texts in zip(episode_ids, completions):
             result = self._episodes[e].step(list(texts))
             if not isinstance(result, StepResult):
-                raise ValueError(
+                raise EnvError(
                     f"{where} returned {_describe(result)} for episode {e}; return a "
                     f"StepResult(reward=..., observations=..., done=..., info=...)."
                 )
@@ -430,7 +436,7 @@ class MultiAgentEnv:
             done = _validate_done(result.done, where, e)
             if result.observations is None:
                 if not done:
-                    raise ValueError(
+                    raise EnvError(
                         f"{where} returned observations=None for episode {e} while done=False; return the next "
                         f"observations (one per agent) or set done=True to end the episode."
                     )
@@ -439,7 +445,7 @@ class MultiAgentEnv:
                 obs = validate_observations(result.observations, where, e, num_agents, names)
             info = result.info if result.info is not None else {}
             if not isinstance(info, dict):
-                raise ValueError(f"{where} returned info={_describe(info)} for episode {e}; info must be a dict.")
+                raise EnvError(f"{where} returned info={_describe(info)} for episode {e}; info must be a dict.")
             self._episode_done[e] = done
             observations.append(obs)
             dones.append(done)
