@@ -1,10 +1,10 @@
-"""The bf16 copies of frozen linear weights under CPU autocast (trl_collm.team.autocast_cache): the same numbers as
+"""The bf16 copies of frozen linear weights under CPU autocast (trl_collm.cpu.autocast_cache): the same numbers as
 plain autocast, made once per weight, refreshed when the weight changes, and never used for a weight that trains."""
 
 import torch
 from torch import nn
 
-from trl_collm.team.autocast_cache import cache_frozen_linears
+from trl_collm.cpu.autocast_cache import cache_frozen_linears
 
 
 def _net(seed=0):
@@ -87,8 +87,8 @@ def test_a_bf16_lora_team_on_cpu_trains_to_the_weights_of_plain_autocast(
     trainer, cached = _train_lora_team_in_bf16(tmp_path / "cached", qwen_path, prompts_dataset)
     frozen = [m for m in trainer.team.modules() if isinstance(m, nn.Linear) and not m.weight.requires_grad]
     assert frozen and all(hasattr(m, "_autocast_copy") for m in frozen)  # the base's layers used their copies
-    import trl_collm.trainers.base as base
+    import trl_collm.cpu as cpu
 
-    monkeypatch.setattr(base, "cache_frozen_linears", lambda module: 0)
+    monkeypatch.setattr(cpu, "cache_frozen_linears", lambda module: 0)
     _, plain = _train_lora_team_in_bf16(tmp_path / "plain", qwen_path, prompts_dataset)
     assert torch.equal(cached, plain)

@@ -1,4 +1,4 @@
-"""Float32 attention under CPU bf16 autocast (trl_collm.team.cpu_attention): closer to float32 than bf16 attention,
+"""Float32 attention under CPU bf16 autocast (trl_collm.cpu.attention): closer to float32 than bf16 attention,
 left padding still masked, float32 runs untouched, the switch not written into saved configs, and the trainers
 turning it on exactly where they turn on bf16 autocast on the CPU."""
 
@@ -7,7 +7,7 @@ import json
 import torch
 from transformers import AutoModelForCausalLM
 
-from trl_collm.team.cpu_attention import NAME, use_float32_cpu_attention
+from trl_collm.cpu.attention import NAME, use_float32_cpu_attention
 
 
 def _models(path):

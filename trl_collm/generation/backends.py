@@ -27,7 +27,7 @@ import weakref
 import torch
 
 from ..team.modeling import base_model_of
-from ..team.prefix import cache_keyword
+from ..team.prefix import decode_cache_kwargs
 from ..team.prompt_cache import PromptCache, prefill
 from .sampler import BACKENDS, BackendOptions, GenerationBackend, GenerationRequest, Sampled, register_backend
 
@@ -171,7 +171,7 @@ class GenerateBackend(GenerationBackend):
         out = r.model.generate(
             input_ids=torch.cat([placeholder, ids[:, -1:]], dim=1),
             attention_mask=torch.cat([decode.mask, torch.ones_like(mask[:, -1:])], dim=1),
-            **{cache_keyword(r.model): decode.dynamic_cache()},
+            **decode_cache_kwargs(r.model, kwargs, decode.dynamic_cache()),
             **kwargs,
         )
         for name, cache in zip(groups, pieces):

@@ -39,7 +39,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .cpu_attention import NAME as FLOAT32_CPU_SDPA
+from ..cpu.attention import NAME as FLOAT32_CPU_SDPA
+from ..cpu.kv_cache import DecodeCache
 from .modeling import base_model_of
 
 # A common prefix must be at least this long per row to be considered at all.
@@ -229,6 +230,16 @@ def supports_prefix_cache(model: nn.Module) -> bool:
         return False
     if getattr(model, "is_activation_checkpointing", False):
         return False
+    return full_attention_decoder(model)
+
+
+def full_attention_decoder(model: nn.Module) -> bool:
+    """Whether `model` is a decoder whose every layer attends to all earlier tokens through an attention kernel
+    that reads a layered KV cache as given (no sliding window, no recurrent layer): what the prefix cuts and the
+    in-place decoding cache (`cpu/kv_cache.py`) need."""
+    config = getattr(model, "config", None)
+    if config is None:
+        return False
     text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
     if getattr(text, "is_encoder_decoder", False):
         return False
@@ -358,9 +369,26 @@ def generate_with_prefix(
             head_kwargs["adapter_names"] = [distinct[int(k)] for k in split.head_keys]
     cache = head_cache(model, split, causal_lm=True, **head_kwargs) if split is not None else None
     if cache is None:
-        return model.generate(input_ids=ids, attention_mask=mask, **gen_kwargs)
+        return model.generate(
+            input_ids=ids, attention_mask=mask, **decode_cache_kwargs(model, gen_kwargs), **gen_kwargs
+        )
     laid_out = split.layout_ids
     out = model.generate(
-        input_ids=laid_out, attention_mask=split.attention_mask, **{cache_keyword(model): cache}, **gen_kwargs
+        input_ids=laid_out,
+        attention_mask=split.attention_mask,
+        **decode_cache_kwargs(model, gen_kwargs, cache),
+        **gen_kwargs,
     )
     return torch.cat([ids, out[:, laid_out.shape[1] :]], dim=1)
+
+
+def decode_cache_kwargs(model: nn.Module, gen_kwargs: dict, cache=None) -> dict:
+    """generate()'s cache argument: an in-place decoding cache (`cpu/kv_cache.py`, the same tokens as transformers'
+    own cache) with room for the call's new tokens, holding the keys and values of `cache` (a prefill's layered
+    cache) when given; for a model it does not fit, `cache` as it is (or nothing: generate() makes its own)."""
+    reserve = int(gen_kwargs.get("max_new_tokens") or 0)
+    if full_attention_decoder(model) and reserve > 0:
+        layers = [] if cache is None else cache.layers
+        keys, values = [layer.keys for layer in layers], [layer.values for layer in layers]
+        return {cache_keyword(model): DecodeCache(reserve, keys, values)}
+    return {} if cache is None else {cache_keyword(model): cache}

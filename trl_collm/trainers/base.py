@@ -17,6 +17,7 @@ from transformers.trainer_utils import TrainOutput
 from trl.trainer.base_trainer import _BaseTrainer
 from trl.trainer.utils import disable_dropout_in_model
 
+from ..cpu import adapt_for_cpu_bf16
 from ..envs.reward_functions import build_env
 from ..generation.backends import make_backend
 from ..generation.prompts import PromptSettings
@@ -26,8 +27,6 @@ from ..quiet import library_quiet
 from ..rollout import Rollout, run_episodes
 from ..team import saved
 from ..team.assembly import TeamModel, build_team, resolve_agent_names
-from ..team.autocast_cache import cache_frozen_linears
-from ..team.cpu_attention import use_float32_cpu_attention
 from . import checkpoints, distributed, evaluation, hub
 from .batches import DataPasses, rollout_loader, set_batch_sizes
 from .console import PhaseClock, TimedSampler
@@ -100,12 +99,10 @@ class TeamTrainerBase(TeamUpdates, _BaseTrainer):
         )
         self.team, self.critic = team, critic
         if args.bf16 and self.accelerator.device.type == "cpu":
-            # CPU bf16 autocast casts a frozen weight again at every call; one bf16 copy each instead (same numbers).
-            # Attention runs in float32: torch's CPU attention kernels are slower in bf16 (team/cpu_attention.py).
+            # The CPU adaptations of bf16 autocast, switched on in one place (trl_collm/cpu/__init__.py).
             for module in (team, critic, *(r for r in team._refs.values() if r is not None)):
                 if isinstance(module, torch.nn.Module):
-                    cache_frozen_linears(module)
-                    use_float32_cpu_attention(module)
+                    adapt_for_cpu_bf16(module)
         install_console(self)  # one line of a few numbers per log, a progress bar with its ETA (progress.py)
         self.phase_clock = PhaseClock()
         self.sampler = self.build_sampler()
