@@ -1,5 +1,6 @@
 """benchmarks/research/real_findings.py without the model: level pass rates from hand-made episodes, the learning-rate
-choice, and a table built from partial results that says which cells are partial."""
+choice, and a table built from partial results that says which cells are partial; method_intervals.py's bootstrap
+interval on a difference of methods (a known difference, one that must include 0, a fixed seed)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "research"))
+import method_intervals  # noqa: E402
 import real_findings  # noqa: E402
 
 
@@ -233,3 +235,123 @@ def test_rates_are_chosen_from_runs_of_this_tables_size_only(tmp_path):
     assert len(real_findings.load_runs(str(tmp_path), "writing-summary")) == 2
     runs = real_findings.sweep_runs(str(tmp_path), "writing-summary", s)
     assert real_findings.choose_rates(runs, ("cc", "mc"), 0) == {"mc": 3e-3}
+
+
+# ------------------------------------------------------------------------------------------- spread and intervals
+
+
+def test_bootstrap_finds_a_known_difference():
+    """Two methods whose every play differs by 1.0 on average (the same spread of plays around it): the difference
+    is 1.0 and its interval holds it, well away from 0."""
+    a = [[0.8, 1.2, 0.9, 1.1] * 5, [0.7, 1.3, 1.0, 1.0] * 5, [0.9, 1.1, 0.8, 1.2] * 5]
+    b = [[x - 1.0 for x in run] for run in a]
+    row = method_intervals.bootstrap_difference(a, b, resamples=2000)
+    assert row["difference"] == pytest.approx(1.0)
+    assert 0.8 < row["low"] < 1.0 < row["high"] < 1.2
+    # no noise at all: the interval is the point
+    flat = method_intervals.bootstrap_difference([[1.0, 1.0]] * 3, [[0.25, 0.25]] * 2, resamples=500)
+    assert (flat["difference"], flat["low"], flat["high"]) == pytest.approx((0.75, 0.75, 0.75))
+
+
+def test_bootstrap_draws_the_seeds():
+    """Seeds only (one value a run): method a's two seeds 1 and 3 give means 1, 2, 3 with chances 1/4, 1/2, 1/4,
+    so the 95 % interval of a - b (b a single 0) runs from 1 to 3."""
+    row = method_intervals.bootstrap_difference([[1.0], [3.0]], [[0.0]], resamples=4000)
+    assert row["difference"] == pytest.approx(2.0)
+    assert (row["low"], row["high"]) == pytest.approx((1.0, 3.0))
+
+
+def test_bootstrap_interval_includes_zero_when_the_methods_are_alike():
+    same = [[0.0, 1.0, 0.5, 2.0, 0.0, 1.5], [1.0, 0.0, 2.0, 0.5, 1.5, 0.0], [0.5, 0.5, 1.0, 1.0, 0.0, 2.0]]
+    row = method_intervals.bootstrap_difference(same, same[::-1], resamples=2000)
+    assert row["difference"] == pytest.approx(0.0, abs=1e-12)
+    assert row["low"] < 0 < row["high"] and row["high"] - row["low"] > 0.3
+
+
+def test_bootstrap_is_fixed_by_its_seed():
+    a, b = [[0.3, 1.2, 0.8], [1.5, 0.2, 0.9]], [[0.1, 0.4, 0.6], [0.9, 0.0, 0.2]]
+    one = method_intervals.bootstrap_difference(a, b, resamples=1000, seed=7)
+    assert method_intervals.bootstrap_difference(a, b, resamples=1000, seed=7) == one
+    other = method_intervals.bootstrap_difference(a, b, resamples=1000, seed=8)
+    assert other["difference"] == one["difference"] and (other["low"], other["high"]) != (one["low"], one["high"])
+
+
+def _play_run(method, seed, totals, rows=None, eval_seed=1234):
+    rows = rows or [f"r{i}" for i in range(len(totals))]
+    plays = [dict(total=t, level1=1.0, row=r) for t, r in zip(totals, rows)]
+    ev = dict(plays=plays, eval_seed=eval_seed, return_mean=sum(totals) / len(totals))
+    return dict(method=method, seed=seed, lr=3e-3, env_steps=256, eval=ev)
+
+
+def test_difference_lines_pair_plays_with_the_start_or_say_they_fall_back_to_seeds():
+    start = _play_run("start", 0, [0.5, 0.0, 1.0, 0.5])["eval"]
+    runs = [_play_run("cc", s, [1.5 + 0.1 * s, 1.0, 2.0, 1.5]) for s in range(3)]
+    runs += [_play_run("mc", s, [1.0, 0.5 + 0.1 * s, 1.5, 1.0]) for s in range(3)]
+    lines, rows = method_intervals.difference_lines(runs, start, ("cc", "dc", "mc"))
+    assert len(rows) == 1 and rows[0]["over"] == "seeds and plays"  # DC has no run: no pair
+    assert rows[0]["difference"] == pytest.approx(0.5)
+    assert lines[1].startswith("- CC - MC = +0.50 [95 % interval ")
+    assert "3 vs 3 seeds; bootstrap over seeds and plays" in lines[1]
+    # the same runs without per-play scores: one value a run, and the line says so
+    bare = [dict(r, eval=dict(return_mean=r["eval"]["return_mean"])) for r in runs]
+    lines, rows = method_intervals.difference_lines(bare, start, ("cc", "mc"))
+    assert rows[0]["over"] == "seeds" and "seeds only: the run files hold no per-play scores" in lines[1]
+    assert rows[0]["difference"] == pytest.approx(0.5)
+    # one seed of a method: said, since the seed spread is then not in the interval
+    lines, _ = method_intervals.difference_lines(runs[:1] + runs[3:], start, ("cc", "mc"))
+    assert "1 vs 3 seeds" in lines[1] and "CC: one seed, so no seed spread in the interval" in lines[1]
+    assert method_intervals.difference_lines(runs[:3], start, ("cc", "mc")) == ([], [])
+
+
+def test_seed_spread():
+    s = method_intervals.seed_spread([1.0, 2.0, 3.0])
+    assert s == dict(seeds=3, mean=2.0, sd=pytest.approx(1.0), min=1.0, max=3.0)
+    assert method_intervals.seed_spread([1.5])["sd"] is None
+
+
+def test_revise_table_is_partial_with_its_spread_and_intervals_and_a_second_rate_is_chosen_by_the_rule(tmp_path):
+    """writing-revise with a few runs: cells PARTIAL, the return cell with its SD over seeds, the CC - MC interval
+    marked partial; a 1e-3 sweep on seed 0 (`--lrs 3e-3 1e-3`) is chosen when its final training return is higher."""
+    s = real_findings.settings("writing-revise", compute="bf16")
+    task_dir = tmp_path / "writing-revise"
+    task_dir.mkdir()
+    n = 6
+    start = dict(real_findings.summarize("writing-revise", [_episode(0.5)] * n, 3.0), prompt_form="chat")
+    start.update(plays=_play_run("start", 0, [0.5] * n)["eval"]["plays"], eval_seed=1234)
+    with open(real_findings.start_path(str(tmp_path), "writing-revise", s), "w") as f:
+        json.dump(start, f)
+
+    def save(method, seed, lr, curve, totals):
+        run = _play_run(method, seed, totals)
+        ev = real_findings.summarize("writing-revise", [_episode(t) for t in totals], 3.0)
+        run.update(task="writing-revise", lr=lr, budget=256, batch=8, response_length=96, compute="bf16", curve=curve)
+        run["eval"] = dict(ev, plays=run["eval"]["plays"], eval_seed=1234, prompt_form="chat")
+        with open(real_findings.run_path(str(tmp_path), "writing-revise", method, seed, lr, s), "w") as f:
+            json.dump(run, f)
+
+    up, flat = [(16 * i, 0.5 + 0.05 * i) for i in range(1, 17)], [(16 * i, 0.6) for i in range(1, 17)]
+    save("cc", 0, 3e-3, up, [1.5, 1.0, 2.0, 1.5, 1.0, 1.0])
+    save("cc", 1, 3e-3, up, [1.0, 1.5, 1.5, 1.0, 2.0, 1.0])
+    save("mc", 0, 3e-3, flat, [1.0, 0.5, 1.0, 0.5, 1.0, 0.5])
+    text = real_findings.report("writing-revise", str(tmp_path), str(tmp_path / "fig"), s, 0)
+    cc = "- CC: lr 0.003 chosen of [0.003] (target [0.003]), 2/3 seeds, [256] env steps (target 256) - PARTIAL"
+    assert cc in text
+    assert "- DC: no finished run - MISSING" in text
+    assert "| CC | 0.003 | 2 | 1.333 (SD 0.000; 1.333 to 1.333)" in text  # both seeds return 1.333
+    assert "PARTIAL table, intervals from the runs finished so far" in text
+    assert "- CC - MC = +0.58 [95 % interval " in text and "2 vs 1 seeds" in text
+    assert os.path.exists(real_findings.heldout_path(str(tmp_path / "fig"), "writing-revise", s))
+    blob = json.loads(pathlib.Path(real_findings.table_paths(str(tmp_path), "", "writing-revise", s)[0]).read_text())
+    assert blob["differences"][0]["a"] == "cc" and blob["differences"][0]["b"] == "mc"
+    # the next step of the issue's rule: 1e-3 on seed 0 for each method, the better final training return kept
+    save("mc", 0, 1e-3, up, [1.5] * n)
+    save("cc", 0, 1e-3, flat, [0.5] * n)
+    swept = dict(s, lrs=(3e-3, 1e-3))
+    runs = real_findings.sweep_runs(str(tmp_path), "writing-revise", swept)
+    assert real_findings.choose_rates(runs, ("cc", "dc", "mc"), 0) == {"cc": 3e-3, "mc": 1e-3}
+    text = real_findings.report("writing-revise", str(tmp_path), str(tmp_path / "fig"), swept, 0)
+    assert "- MC: lr 0.001 chosen of [0.001, 0.003] (target [0.003]), 1/3 seeds" in text
+
+
+def _episode(total):
+    return dict(total=total, level1=1.0 if total >= 1.0 else 0.5, level2=0.0, level3=0.0, words=[20, 70])

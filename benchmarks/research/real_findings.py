@@ -44,7 +44,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from paper_findings import plot_seed_band, saved_figure  # one implementation of each measure
+from method_intervals import difference_lines, play_changes
+from paper_findings import COLOURS, plot_seed_band, saved_figure  # one implementation of each measure
 from warm_findings import choose_rates, format_table, method_config, table
 
 MODEL = "smollm2-135m-instruct"
@@ -525,17 +526,19 @@ def report(task, out_dir, png_prefix, s, sweep_seed) -> str:
     # Completeness against the issue's target (TASKS), not against this call's --budget / --seeds: a cut budget
     # is reported as a cut.
     target = TASKS[task]
-    cells = []
+    cells, partial_any = [], False
     for m in s["methods"]:
         got = [r for r in mine if r["method"] == m]
         cut = [f"seed {r['seed']} lr {r['lr']:g} at {r['env_steps']}" for r in stopped if r["method"] == m]
         cut = f"; unfinished (training curve so far, no held-out scores): {', '.join(cut)}" if cut else ""
         if not got:
             cells.append(f"{m.upper()}: no finished run - MISSING{cut}")
+            partial_any = True
             continue
         steps = sorted({r["env_steps"] for r in got})
         rates = sorted({r["lr"] for r in runs if r["method"] == m})
         partial = len(got) < len(target["seeds"]) or min(steps) < target["budget"] or len(rates) < len(target["lrs"])
+        partial_any = partial_any or partial
         cells.append(
             f"{m.upper()}: lr {chosen[m]:g} chosen of {rates} (target {list(target['lrs'])}), "
             f"{len(got)}/{len(target['seeds'])} seeds, {steps} env steps (target {target['budget']})"
@@ -555,13 +558,20 @@ def report(task, out_dir, png_prefix, s, sweep_seed) -> str:
     if (mine or stopped) and start:
         try:
             plot_curves(mine, stopped, task, png_path, start["return_mean"], s)
+            if mine:
+                plot_heldout(mine, task, heldout_path(png_prefix, task, s), start, resample_rows, s)
         except ImportError:
             pass
     if mine and start:
         t = table(mine, task, start, COLUMNS[task])
         blob["table"] = t
         extra = ("paper TLDR %", lambda m: f"{PAPER_TLDR.get(m, '-')}") if task == "writing-summary" else None
-        lines.append(format_table(t, COLUMNS[task], start_name="starting model", extra=extra))
+        lines.append("(each trained cell: mean over seeds (SD over seeds; min to max); the return also its SD)")
+        lines.append(format_table(t, COLUMNS[task], start_name="starting model", extra=extra, sd_columns=1))
+        diff_lines, blob["differences"] = difference_lines(mine, start, s["methods"])
+        if diff_lines and partial_any:
+            diff_lines[0] = "PARTIAL table, intervals from the runs finished so far; " + diff_lines[0]
+        lines += ["", *diff_lines] if diff_lines else []
     os.makedirs(out_dir, exist_ok=True)
     with open(json_path, "w") as f:
         json.dump(blob, f, indent=1)
@@ -588,8 +598,8 @@ def plot_curves(runs, stopped, task, path, start_return, s):
     labelled unfinished."""
     with saved_figure(
         path,
-        (6.5, 3.8),
-        f"{task}, LoRA teams of SmolLM2-135M-Instruct\n{s['describe']}",
+        (6.5, 4.0),
+        f"{task}: training rollouts, SmolLM2-135M LoRA teams\nline: mean over seeds; band: min to max over seeds",
         "environment steps",
         "training return (moving mean of 5)",
     ) as ax:
@@ -604,6 +614,52 @@ def plot_curves(runs, stopped, task, path, start_return, s):
                     line.set_linestyle("--")
                     line.set_label(line.get_label() + ", unfinished")
         ax.axhline(start_return, color="grey", ls="--", lw=1, label="starting model (held-out eval)")
+
+
+def heldout_path(png_prefix, task, s) -> str:
+    """The held-out figure, named by the table's size as `table_paths` names the curves."""
+    return f"{png_prefix}_{task}-{size_tag(s)}_heldout.png"
+
+
+def plot_heldout(runs, task, path, start, resample_rows, s):
+    """The held-out return of every finished run (a dot per seed, its bar +- 2 SE of the paired change over plays),
+    each method's mean over seeds (a bar), and the starting model (its line; its band: the range over the sampling
+    seeds it was played at)."""
+    with saved_figure(
+        path,
+        (6.5, 4.0),
+        f"{task}, held-out return ({start['episodes']} plays each, sampling seed {start.get('eval_seed', EVAL_SEED)})\n"
+        "dot: one seed, bar +- 2 SE over plays (paired); line: mean over seeds",
+        "method (learning rate)",
+        "held-out return",
+    ) as ax:
+        returns = [r["return_mean"] for r in resample_rows] or [start["return_mean"]]
+        ax.axhspan(min(returns), max(returns), color="grey", alpha=0.2, lw=0)
+        ax.axhline(start["return_mean"], color="grey", ls="--", lw=1, label="starting model (band: re-sampling range)")
+        names = []
+        for x, m in enumerate(m for m in s["methods"] if any(r["method"] == m for r in runs)):
+            got = sorted((r for r in runs if r["method"] == m), key=lambda r: r["seed"])
+            for k, r in enumerate(got):
+                changes = play_changes(r["eval"], start)
+                se = None
+                if changes and len(changes) > 1:
+                    mean = sum(changes) / len(changes)
+                    se = (sum((c - mean) ** 2 for c in changes) / (len(changes) - 1) / len(changes)) ** 0.5
+                xk = x + 0.12 * (k - (len(got) - 1) / 2)
+                ax.errorbar(
+                    xk,
+                    r["eval"]["return_mean"],
+                    yerr=None if se is None else 2 * se,
+                    fmt="o",
+                    ms=4,
+                    color=COLOURS[m],
+                    capsize=2,
+                    label=f"{m.upper()} ({len(got)} seeds)" if k == 0 else None,
+                )
+            mean = sum(r["eval"]["return_mean"] for r in got) / len(got)
+            ax.hlines(mean, x - 0.3, x + 0.3, color=COLOURS[m], lw=2)
+            names.append(f"{m.upper()} ({got[0]['lr']:g})")
+        ax.set_xticks(range(len(names)), names)
 
 
 # ------------------------------------------------------------------------------------------- driver

@@ -32,6 +32,7 @@ import time
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from method_intervals import seed_spread
 from paper_findings import final, plot_seed_band, saved_figure, steps_to  # one implementation of each measure
 
 METHODS = ("cc", "dc", "mc")
@@ -357,14 +358,19 @@ def table(results, task_name, warm_eval, columns=None):
                 train_final=_stats(finals[m]),
                 reach=[steps_to(r["curve"], level) for r in runs],
                 cols=[_stats([_value(r["eval"], k) for r in runs]) for _, k, _ in cols],
+                # the between-seed spread: sample SD of each column and of the final training return
+                sd=[seed_spread([_value(r["eval"], k) for r in runs])["sd"] for _, k, _ in cols],
+                train_sd=seed_spread(finals[m])["sd"],
             )
         )
     return dict(task=task_name, start=start, best=best, level=level, columns=[c for c, _, _ in cols], rows=rows)
 
 
-def format_table(t, columns=None, start_name="warm start (SFT)", extra=None) -> str:
+def format_table(t, columns=None, start_name="warm start (SFT)", extra=None, sd_columns=0) -> str:
     """Markdown of `table`'s result. `extra`: (header, method -> cell) for a last column (default: the paper's
-    StrBuild figures on building-str); the start row's method is "warm"."""
+    StrBuild figures on building-str); the start row's method is "warm". `sd_columns`: how many of the first eval
+    columns (and, when any, the final training return) also show the sample SD over seeds: "mean (SD s; min to
+    max)"."""
     cols = columns or COLUMNS[t["task"]]
     if extra is None and t["task"] == "building-str":
         extra = ("paper IoU / Adj", lambda m: "{} / {}".format(*PAPER_STRBUILD[m]))
@@ -376,8 +382,11 @@ def format_table(t, columns=None, start_name="warm start (SFT)", extra=None) -> 
         "|" + "---|" * len(head),
     ]
 
-    def fmt(r, x, d):
-        return f"{x[0]:.{d}f}" if r["seeds"] == 1 else f"{x[0]:.{d}f} ({x[1]:.{d}f} to {x[2]:.{d}f})"
+    def fmt(r, x, d, sd=None):
+        if r["seeds"] == 1:
+            return f"{x[0]:.{d}f}"
+        spread = f"SD {sd:.{d}f}; " if sd is not None else ""
+        return f"{x[0]:.{d}f} ({spread}{x[1]:.{d}f} to {x[2]:.{d}f})"
 
     for r in t["rows"]:
         if r["reach"] is None:
@@ -387,8 +396,10 @@ def format_table(t, columns=None, start_name="warm start (SFT)", extra=None) -> 
             reach = f"{sum(got) / len(got):.0f} ({len(got)}/{len(r['reach'])} seeds)" if got else "not reached"
         name = start_name if r["method"] == "warm" else r["method"].upper()
         cells = [name, "-" if r["lr"] is None else f"{r['lr']:g}", str(r["seeds"])]
-        cells += [fmt(r, x, d) for x, (_, _, d) in zip(r["cols"], cols)]
-        cells += ["-" if r["train_final"] is None else fmt(r, r["train_final"], 3), reach]
+        sds = [sd if i < sd_columns else None for i, sd in enumerate(r.get("sd") or [None] * len(r["cols"]))]
+        cells += [fmt(r, x, d, sd) for x, (_, _, d), sd in zip(r["cols"], cols, sds)]
+        train_sd = r.get("train_sd") if sd_columns else None
+        cells += ["-" if r["train_final"] is None else fmt(r, r["train_final"], 3, train_sd), reach]
         if extra:
             cells.append(extra[1](r["method"]))
         lines.append("| " + " | ".join(cells) + " |")
