@@ -141,6 +141,6 @@ def difference_lines(runs: list[dict], start: dict | None, methods, seed: int = 
         return [], rows
     head = (
         f"held-out return, difference of methods ({RESAMPLES:,} bootstrap draws, seed {seed}, percentile interval; "
-        "seeds drawn within each method, plays within each run):"
+        "seeds drawn within each method, plays within each run where the run files store them):"
     )
     return [head, *(f"- {difference_line(r)}" for r in rows)], rows

@@ -25,8 +25,13 @@ Held-out plays are paired: the trained team and the starting model play the same
 the change of each play is measured against its own starting play (mean +- standard error over plays), beside the
 starting model's own re-sampling range (`--resample-seeds`).
 The table is built from whatever runs exist and says how many seeds and env steps each cell has against the target.
-Writes OUT_DIR/real_findings_<task>-<size>.json (the table) and PREFIX_<task>-<size>_curves.png, <size> as in the
-run files (e.g. b128-bs8-t96-bf16), so tables of other sizes keep their own files; prints the table (Markdown).
+Each method's row carries its between-seed spread (SD over seeds; min to max), and each pair of methods a bootstrap
+interval on the difference of their held-out returns (method_intervals.py: seeds drawn within each method, plays
+within each run, paired with the starting model's plays; a fixed bootstrap seed, so the same files give the same
+interval). Writes OUT_DIR/real_findings_<task>-<size>.json (the table), PREFIX_<task>-<size>_curves.png (training
+curves) and PREFIX_<task>-<size>_heldout.png (held-out returns per seed), <size> as in the run files (e.g.
+b128-bs8-t96-bf16), so tables of other sizes keep their own files; prints the table (Markdown). --compute auto picks
+the dtype of this CPU: a report of another dtype's table names it (--compute bf16 / fp32).
 """
 
 from __future__ import annotations
@@ -68,7 +73,9 @@ TASKS = {
     ),
     # writing-summary drafted, then revised with the teammate's draft in view, paid at the end (issue 28 part 4:
     # where the critic should matter). 256 env steps = 128 episodes of 2 turns, writing-summary's 16 iterations;
-    # one rate, the writing table's best for all three methods (3e-3).
+    # one rate, the writing table's best for all three methods (3e-3). The writing table's rule (each rate on seed 0,
+    # the best final training return kept) asks for a second rate: `--lrs 3e-3 1e-3` runs 1e-3 on seed 0 for each
+    # method and choose_rates keeps the better one (docs/real_findings.md).
     "writing-revise": dict(
         methods=("cc", "dc", "mc"),
         seeds=(0, 1, 2),
