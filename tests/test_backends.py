@@ -338,7 +338,7 @@ def test_old_logprobs_come_from_the_sampler(tmp_path, qwen_path, lora):
         model = team.model_of(a)
         inner = model.get_base_model() if hasattr(model, "get_base_model") else model
         inner.generation_config.repetition_penalty = 1.3
-    assert not trainer._old_logprobs_from_sampler()
+    assert not trainer.plan_iteration(4).old_logprobs_from_sampler.on
     trainer.sampler = trainer.build_sampler()  # what the trainer builds for such a team
     assert trainer.sampler.logprob_temperature is None
     roll = trainer.rollout([{"prompt": p} for p in PROMPTS[:4]])
@@ -353,3 +353,52 @@ def test_continuous_batching_leaves_old_logprobs_to_the_forward(tmp_path, qwen_p
     assert all(at.gen.sampled_logprobs is None for turn in roll.turns for at in turn.values())
     calls, _ = _scoring_policy_forwards(trainer, roll)
     assert len(calls) == len(trainer.team.names) * roll.num_turns
+
+
+def test_grpo_sampling_settings_reach_generate_and_the_recorder_knows_its_place(tmp_path, qwen_path):
+    """GRPO's `repetition_penalty` changes what generate() decodes and the logits the recorder sees: the sampler then
+    records no log-probs (the forward computes the policy's); `min_p` filters after the recorder: the recorded
+    log-probs are still the policy's, over the whole vocabulary."""
+    from trl_collm.generation.backends import sampler_logits_are_the_models
+
+    trainer = _trainer(tmp_path, qwen_path, cb=False, num_ppo_epochs=2, temperature=0.7)
+    team, sampler = trainer.team, trainer.sampler
+    trainer.model.eval()
+    observations = {a: PROMPTS[:4] for a in team.names}
+    greedy = dataclasses.replace(sampler.settings, greedy=True)
+    plain = sampler.with_settings(greedy)(observations)
+    penalised = sampler.with_settings(dataclasses.replace(greedy, repetition_penalty=0.2))(observations)
+    # below 1 the penalty favours tokens already there: the tiny model then repeats itself
+    assert any(not torch.equal(plain[a].response_ids, penalised[a].response_ids) for a in team.names)
+    assert all(plain[a].sampled_logprobs is not None and penalised[a].sampled_logprobs is None for a in team.names)
+    model = team.model_of(team.names[0])
+    penalty = dataclasses.replace(greedy, repetition_penalty=0.2)
+    assert sampler_logits_are_the_models(model, greedy) and not sampler_logits_are_the_models(model, penalty)
+
+    torch.manual_seed(0)
+    filtered = sampler.with_settings(dataclasses.replace(sampler.settings, min_p=0.3))(observations)
+    for a in team.names:
+        g = filtered[a]
+        fresh = team.logprobs(a, g.query_ids, g.query_mask, g.response_ids, g.response_mask, 0.7)[0].detach()
+        torch.testing.assert_close(g.sampled_logprobs, fresh.masked_fill(~g.response_mask, 0.0))
+
+
+def test_vllm_sampling_params_carry_grpos_settings():
+    """vLLM's SamplingParams get min_p / repetition_penalty under their names (vLLM's are GRPO's) and
+    generation_kwargs as they are; a name SamplingParams does not take is one line."""
+    from trl_collm.generation.vllm_backend import _sampling_params
+
+    class FakeParams:  # SamplingParams' keyword-only constructor, without vLLM installed
+        def __init__(self, *, n, max_tokens, temperature, top_p, top_k, min_p, repetition_penalty, stop_token_ids,
+                     ignore_eos, logprobs, detokenize, seed, presence_penalty=0.0):  # fmt: skip
+            self.__dict__.update(locals())
+
+    settings = SamplingSettings(5, temperature=0.7, min_p=0.1, repetition_penalty=1.2)
+    settings = dataclasses.replace(settings, generation_kwargs={"presence_penalty": 0.5})
+    p = _sampling_params(FakeParams, settings, [2], seed=3)
+    assert (p.min_p, p.repetition_penalty, p.presence_penalty, p.temperature) == (0.1, 1.2, 0.5, 0.7)
+    greedy = _sampling_params(FakeParams, dataclasses.replace(settings, greedy=True), [2], seed=3)
+    assert (greedy.temperature, greedy.min_p, greedy.repetition_penalty) == (0.0, 0.0, 1.2)
+    bad = dataclasses.replace(settings, generation_kwargs={"no_repeat_ngram_size": 2})
+    with pytest.raises(ValueError, match=r"^`generation_kwargs` \['no_repeat_ngram_size'\] with use_vllm: vLLM's"):
+        _sampling_params(FakeParams, bad, [2], seed=3)

@@ -71,6 +71,8 @@ def test_settings_round_trip_through_team_json():
         (dict(max_new_tokens=4, temperature=0.0), "temperature"),
         (dict(max_new_tokens=4, top_p=1.5), "top_p"),
         (dict(max_new_tokens=4, top_k=-1), "top_k"),
+        (dict(max_new_tokens=4, min_p=1.5), "min_p"),
+        (dict(max_new_tokens=4, repetition_penalty=0.0), "repetition_penalty"),
     ],
 )
 def test_bad_settings_are_refused_naming_the_field(kwargs, field):
@@ -78,6 +80,52 @@ def test_bad_settings_are_refused_naming_the_field(kwargs, field):
         SamplingSettings(**kwargs)
     assert "\n" not in str(err.value)
     SamplingSettings(max_new_tokens=4, temperature=0.0, greedy=True)  # no temperature is used when greedy
+
+
+def test_grpo_settings_as_generate_kwargs_and_in_team_json():
+    """GRPO's min_p, repetition_penalty and generation_kwargs: passed to generate() (the penalty under greedy
+    decoding too: it is a logits processor, not a sampling filter), written to team.json only when set (an older
+    team's entry is unchanged) and read back; whether the recorded log-probs are the policy's."""
+    s = SamplingSettings(4, min_p=0.1, repetition_penalty=1.2, generation_kwargs='{"typical_p": 0.9}')
+    kwargs = s.generate_kwargs(pad_id=0)
+    assert (kwargs["min_p"], kwargs["repetition_penalty"], kwargs["typical_p"]) == (0.1, 1.2, 0.9)
+    greedy = dataclasses.replace(s, greedy=True).generate_kwargs(pad_id=0)
+    assert "min_p" not in greedy and greedy["repetition_penalty"] == 1.2
+    assert "min_p" not in SamplingSettings(4).generate_kwargs(0)  # 0: off (generate() would add a no-op warper)
+    entry = s.to_team_json()
+    assert (entry["min_p"], entry["repetition_penalty"], entry["generation_kwargs"]) == (0.1, 1.2, {"typical_p": 0.9})
+    assert SamplingSettings.from_team_json(entry) == s and hash(SamplingSettings.from_team_json(entry)) == hash(s)
+    assert set(SamplingSettings(4).to_team_json()) == {
+        "response_length",
+        "temperature",
+        "top_p",
+        "top_k",
+        "stop_token_id",
+    }
+    # the recorder sits after penalties and before the filters: a penalty (or an unknown kwarg) changes what it sees
+    assert s.changes_logits() and not SamplingSettings(4, min_p=0.1).changes_logits()
+    assert not SamplingSettings(4, generation_kwargs={"typical_p": 0.9, "suppress_tokens": None}).changes_logits()
+    assert SamplingSettings(4, generation_kwargs={"no_repeat_ngram_size": 2}).changes_logits()
+    assert SamplingSettings(4, generation_kwargs={"something_new": 1}).changes_logits()
+    # the engine's log-probs compare with the trainer's only without filters or penalties
+    assert SamplingSettings(4).samples_the_policy() and not SamplingSettings(4, min_p=0.1).samples_the_policy()
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"temperature": 0.5}, r"sets 'temperature', a setting of its own here: set temperature instead"),
+        ({"num_beams": 4}, r"sets 'num_beams', .*: set sampling: one completion per row"),
+        ({"eos_token_id": 2}, r"sets 'eos_token_id', .*: set stop_token_id instead"),
+        ('{"typical_p": ', r"is not a JSON object"),
+        ([1, 2], r"must be a dict of keyword arguments"),
+        ({"typical_p": {1, 2}}, r"must hold JSON values"),
+    ],
+)
+def test_bad_generation_kwargs_are_refused_naming_what_to_use(kwargs, message):
+    with pytest.raises(ValueError, match=r"^`generation_kwargs`.*" + message) as err:
+        SamplingSettings(4, generation_kwargs=kwargs)
+    assert "\n" not in str(err.value)
 
 
 def test_backends_register_by_name_and_are_built_from_the_arguments(monkeypatch):
@@ -217,6 +265,31 @@ def test_eval_samples_a_saved_team_as_training_did(tmp_path, make_config, prompt
             assert tr["turns"][0]["agents"][a]["completion"] == roll.turns[0][a].gen.texts[e]
 
 
+def test_a_saved_mc_team_is_sampled_with_grpos_settings(tmp_path, prompts_dataset, qwen_path):
+    """MC with GRPO's min_p, repetition_penalty and generation_kwargs: the training sampler has them, team.json records
+    them, and eval / play (saved_settings) read them back."""
+    from trl_collm.inference import saved_settings
+    from trl_collm.testing import CPU_RUN_SETTINGS
+
+    args = MultiAgentMCConfig(
+        **dict(CPU_RUN_SETTINGS, output_dir=str(tmp_path / "mc")),
+        num_agents=1,
+        num_generations=2,
+        per_device_train_batch_size=2,
+        total_episodes=2,
+        response_length=4,
+        min_p=0.05,
+        repetition_penalty=1.1,
+        generation_kwargs={"typical_p": 0.95},
+    )
+    trainer = MultiAgentMCTrainer(args=args, model=qwen_path, train_dataset=prompts_dataset, reward_funcs=_reward)
+    trainer.train()
+    trainer.save_model()
+    trained = trainer.sampler.settings
+    assert (trained.min_p, trained.repetition_penalty, trained.generation_kwargs) == (0.05, 1.1, {"typical_p": 0.95})
+    assert saved_settings(args.output_dir, greedy=False) == trained
+
+
 def test_stop_token_masks_and_a_tokenizer_without_eos():
     """The first stop token ends (and belongs to) the action; several stop ids all stop; a tokenizer without an eos
     token and no `stop_token_id` is refused with one line naming the agent."""
@@ -246,8 +319,9 @@ def test_backend_options_are_read_once_and_typed():
     )
     options = BackendOptions.from_args(ns)
     assert options.transformers_continuous_batching_config == {"page_size": 16}
+    # absent: the defaults (64 rows per generate() call since 966d120)
     assert (options.local_rollout_forward_batch_size, options.share_prompt_prefix, options.use_vllm) == (
-        None,
+        64,
         True,
         False,
     )

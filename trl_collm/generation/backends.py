@@ -29,35 +29,29 @@ import torch
 from ..team.modeling import base_model_of
 from ..team.prefix import decode_cache_kwargs
 from ..team.prompt_cache import PromptCache, prefill
-from .sampler import BACKENDS, BackendOptions, GenerationBackend, GenerationRequest, Sampled, register_backend
+from .sampler import (
+    BACKENDS,
+    LOGIT_CHANGING_SETTINGS,
+    BackendOptions,
+    GenerationBackend,
+    GenerationRequest,
+    Sampled,
+    SamplingSettings,
+    register_backend,
+)
 
-# Generation-config settings that change the logits before a user's logits processor sees them (transformers runs
-# custom processors after these and before the sampling warpers: temperature, top-k, top-p). With any of them set, the
-# logits at sampling time are not the policy's, so the log-probs are left to the scoring forward.
-_LOGIT_CHANGING_SETTINGS = {
-    "repetition_penalty": (None, 1.0),
-    "encoder_repetition_penalty": (None, 1.0),
-    "no_repeat_ngram_size": (None, 0),
-    "encoder_no_repeat_ngram_size": (None, 0),
-    "bad_words_ids": (None,),
-    "min_length": (None, 0),
-    "min_new_tokens": (None, 0),
-    "suppress_tokens": (None,),
-    "begin_suppress_tokens": (None,),
-    "forced_bos_token_id": (None,),
-    "forced_eos_token_id": (None,),
-    "sequence_bias": (None,),
-    "guidance_scale": (None, 1.0),
-    "exponential_decay_length_penalty": (None,),
-    "renormalize_logits": (None, False),
-    "diversity_penalty": (None, 0.0),
-    "watermarking_config": (None,),
-}
+# Generation-config settings that change the logits before a user's logits processor sees them (the table lives with
+# `SamplingSettings.changes_logits`, which reads it for GRPO's `repetition_penalty` / `generation_kwargs`). With any of
+# them set, the logits at sampling time are not the policy's, so the log-probs are left to the scoring forward.
+_LOGIT_CHANGING_SETTINGS = LOGIT_CHANGING_SETTINGS
 
 
-def sampler_logits_are_the_models(model) -> bool:
+def sampler_logits_are_the_models(model, settings: SamplingSettings | None = None) -> bool:
     """Whether generate() samples from the model's own logits for `model` (no penalty or forced token in its
-    generation config), so that the sampler's log-probs are the policy's."""
+    generation config, nor in the run's `settings`: GRPO's `repetition_penalty`, `generation_kwargs`), so that the
+    sampler's log-probs are the policy's. (The `Sampler` itself asks for none when its settings change the logits.)"""
+    if settings is not None and settings.changes_logits():
+        return False
     config = getattr(base_model_of(model), "generation_config", None)
     if config is None:
         return True

@@ -16,6 +16,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import dataclasses
+import json
 from collections.abc import Callable
 from typing import ClassVar, NamedTuple
 
@@ -27,12 +28,73 @@ from ..team.modeling import left_pad, unpad_rows
 from ..team.prompt_cache import PromptCache
 from .prompts import PromptSettings
 
+# Settings that change the logits before a user's logits processor sees them: transformers runs custom processors
+# (the log-prob recorder, generation/backends.py) after these and before the sampling warpers (temperature, top-k,
+# top-p, min-p, typical-p, epsilon / eta cutoff). Key -> the values that leave the logits as the model gives them;
+# vLLM's own penalties too (`generation_kwargs` may hold SamplingParams' names).
+LOGIT_CHANGING_SETTINGS = {
+    "repetition_penalty": (None, 1.0),
+    "encoder_repetition_penalty": (None, 1.0),
+    "no_repeat_ngram_size": (None, 0),
+    "encoder_no_repeat_ngram_size": (None, 0),
+    "bad_words_ids": (None,),
+    "min_length": (None, 0),
+    "min_new_tokens": (None, 0),
+    "suppress_tokens": (None,),
+    "begin_suppress_tokens": (None,),
+    "forced_bos_token_id": (None,),
+    "forced_eos_token_id": (None,),
+    "sequence_bias": (None,),
+    "guidance_scale": (None, 1.0),
+    "exponential_decay_length_penalty": (None,),
+    "renormalize_logits": (None, False),
+    "diversity_penalty": (None, 0.0),
+    "watermarking_config": (None,),
+    # vLLM's SamplingParams
+    "presence_penalty": (None, 0.0),
+    "frequency_penalty": (None, 0.0),
+    "min_tokens": (None, 0),
+    "logit_bias": (None,),
+    "bad_words": (None,),
+    "allowed_token_ids": (None,),
+}
+# generation_kwargs keys that filter the distribution after the recorder (like top_p): the recorded log-probs stay
+# the policy's, over the whole vocabulary at the temperature
+_WARPERS = ("typical_p", "epsilon_cutoff", "eta_cutoff", "top_h")
+# generation_kwargs keys that are our own settings, or that the backends set themselves: key -> what to use instead
+_OWN_KEYS = {
+    "max_new_tokens": "response_length (GRPO's max_completion_length)",
+    "max_tokens": "response_length (GRPO's max_completion_length)",
+    "max_length": "response_length (GRPO's max_completion_length)",
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "repetition_penalty": "repetition_penalty",
+    "eos_token_id": "stop_token_id",
+    "stop_token_ids": "stop_token_id",
+    "pad_token_id": "the tokenizer's pad token (the backends set it)",
+    "do_sample": "eval / play's --sample (training samples)",
+    "num_return_sequences": "num_generations (each row is one completion)",
+    "n": "num_generations (each row is one completion)",
+    "best_of": "num_generations (each row is one completion)",
+    "num_beams": "sampling: one completion per row (beam search is not here)",
+    "seed": "the trainer's seed (the backends draw one per call from torch's generator)",
+    "logprobs": "nothing: the backends ask for the log-probs they need",
+    "logits_processor": "nothing: the backends set their own",
+    "stopping_criteria": "stop_token_id",
+    "synced_gpus": "ds3_gather_for_generation",
+    "cache_implementation": "nothing: generation uses each model's default KV cache",
+}
+
 
 @dataclasses.dataclass(frozen=True)
 class SamplingSettings:
-    """How completions are sampled. `top_k` None (or 0) and `top_p` 1.0 switch those filters off; `stop_token_ids`
-    empty means each agent's tokenizer eos token ends its completion; `greedy` decodes greedily (temperature, top-p and
-    top-k are then unused)."""
+    """How completions are sampled. `top_k` None (or 0), `top_p` 1.0 and `min_p` 0 switch those filters off;
+    `repetition_penalty` 1.0 leaves the logits alone; `generation_kwargs`: further keyword arguments for HF
+    `generate()` (GenerationConfig's names) or vLLM's `SamplingParams` (GRPO's field: the backend's own names, none of
+    the settings above); `stop_token_ids` empty means each agent's tokenizer eos token ends its completion; `greedy`
+    decodes greedily (temperature, top-p, top-k and min-p are then unused; the repetition penalty still applies)."""
 
     max_new_tokens: int
     temperature: float = 1.0
@@ -40,16 +102,26 @@ class SamplingSettings:
     top_k: int | None = None
     stop_token_ids: tuple[int, ...] = ()
     greedy: bool = False
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    generation_kwargs: dict = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
         if self.top_k == 0:  # TRL's spelling of "off"; one spelling here so equal settings compare equal
             object.__setattr__(self, "top_k", None)
+        if self.min_p is None:  # GRPOConfig's default
+            object.__setattr__(self, "min_p", 0.0)
         object.__setattr__(self, "stop_token_ids", tuple(int(i) for i in self.stop_token_ids))
+        object.__setattr__(self, "generation_kwargs", _generation_kwargs(self.generation_kwargs))
         _check_settings(self)
+
+    def __hash__(self):
+        return hash(json.dumps(dataclasses.asdict(self), sort_keys=True, default=repr))
 
     @classmethod
     def from_config(cls, args, greedy: bool = False) -> SamplingSettings:
-        """The settings of a trainer config (`response_length`, `temperature`, `top_p`, `top_k`, `stop_token_id`)."""
+        """The settings of a trainer config (`response_length`, `temperature`, `top_p`, `top_k`, `stop_token_id`,
+        and where the config has them GRPO's `min_p`, `repetition_penalty`, `generation_kwargs`)."""
         stop = getattr(args, "stop_token_id", None)
         return cls(
             max_new_tokens=args.response_length,
@@ -58,6 +130,28 @@ class SamplingSettings:
             top_k=args.top_k,
             stop_token_ids=() if stop is None else (stop,),
             greedy=greedy,
+            min_p=getattr(args, "min_p", 0.0),
+            repetition_penalty=getattr(args, "repetition_penalty", 1.0),
+            generation_kwargs=getattr(args, "generation_kwargs", None),
+        )
+
+    def changes_logits(self) -> bool:
+        """Whether generate() samples from logits other than the model's before the warpers (a repetition penalty,
+        a generation_kwargs entry that penalises, forces or suppresses tokens, or one not known to be a warper): the
+        log-probs recorded while sampling are then not the policy's (generation/backends.py)."""
+        if self.repetition_penalty != 1.0:
+            return True
+        for key, value in self.generation_kwargs.items():
+            neutral = LOGIT_CHANGING_SETTINGS.get(key)
+            if (neutral is not None and value not in neutral) or (neutral is None and key not in _WARPERS):
+                return True
+        return False
+
+    def samples_the_policy(self) -> bool:
+        """Whether the tokens are drawn from the policy's own distribution: softmax(logits / temperature) over the
+        whole vocabulary, no filter (top-p, top-k, min-p or a generation_kwargs entry) and no penalty."""
+        return not (self.greedy or self.top_p < 1.0 or self.top_k or self.min_p or self.generation_kwargs) and not (
+            self.changes_logits()
         )
 
     def generate_kwargs(self, pad_id: int) -> dict:
@@ -65,23 +159,36 @@ class SamplingSettings:
         kwargs = dict(max_new_tokens=self.max_new_tokens, do_sample=not self.greedy, pad_token_id=pad_id)
         if not self.greedy:  # sampling settings make generate() warn under greedy decoding
             kwargs.update(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k or 0)
+            if self.min_p:
+                kwargs["min_p"] = self.min_p
+        if self.repetition_penalty != 1.0:  # a logits processor: greedy decoding too
+            kwargs["repetition_penalty"] = self.repetition_penalty
         if self.stop_token_ids:
             stops = self.stop_token_ids
             kwargs["eos_token_id"] = stops[0] if len(stops) == 1 else list(stops)
+        kwargs.update(self.generation_kwargs)
         return kwargs
 
     # ------------------------------------------------------------------ team.json
     def to_team_json(self) -> dict:
         """The "generation" entry of team.json (its key names predate this record; `greedy` is not stored: training
-        samples, and eval / play choose greedy or sampled decoding themselves)."""
+        samples, and eval / play choose greedy or sampled decoding themselves). GRPO's settings are written only
+        when set, so a team trained without them has the same file as before."""
         stops = list(self.stop_token_ids)
-        return {
+        entry = {
             "response_length": self.max_new_tokens,
             "temperature": self.temperature,
             "top_p": self.top_p,
             "top_k": self.top_k,
             "stop_token_id": stops[0] if len(stops) == 1 else (stops or None),
         }
+        if self.min_p:
+            entry["min_p"] = self.min_p
+        if self.repetition_penalty != 1.0:
+            entry["repetition_penalty"] = self.repetition_penalty
+        if self.generation_kwargs:
+            entry["generation_kwargs"] = dict(self.generation_kwargs)
+        return entry
 
     @classmethod
     def from_team_json(cls, entry: dict, greedy: bool = False, **overrides) -> SamplingSettings:
@@ -94,12 +201,48 @@ class SamplingSettings:
             top_p=entry.get("top_p", 1.0),
             top_k=entry.get("top_k"),
             stop_token_ids=() if stop is None else tuple(stop) if isinstance(stop, list) else (stop,),
+            min_p=entry.get("min_p", 0.0),
+            repetition_penalty=entry.get("repetition_penalty", 1.0),
+            generation_kwargs=entry.get("generation_kwargs"),
         )
         recorded.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**recorded, greedy=greedy)
 
 
+def _generation_kwargs(value) -> dict:
+    """GRPO's `generation_kwargs` as a dict (None: empty; a JSON object's text from the command line: parsed); keys
+    that are our own settings refused, naming the setting; the values must be JSON (team.json records them)."""
+    if value is None:
+        return {}
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError as e:
+            raise ValueError(
+                f"`generation_kwargs`={value!r} is not a JSON object ({e}); e.g. '{{\"typical_p\": 0.9}}'."
+            ) from e
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+        raise ValueError(
+            f"`generation_kwargs` must be a dict of keyword arguments (GenerationConfig's or vLLM SamplingParams' "
+            f"names), got {value!r}."
+        )
+    own = sorted(k for k in value if k in _OWN_KEYS)
+    if own:
+        k = own[0]
+        raise ValueError(f"`generation_kwargs` sets {k!r}, a setting of its own here: set {_OWN_KEYS[k]} instead.")
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError) as e:
+        raise ValueError(
+            f"`generation_kwargs` must hold JSON values (numbers, strings, lists, dicts: team.json records them): {e}."
+        ) from e
+    return dict(value)
+
+
 def _check_settings(s: SamplingSettings) -> None:
+    def number(v) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+
     if not isinstance(s.max_new_tokens, int) or isinstance(s.max_new_tokens, bool) or s.max_new_tokens < 1:
         raise ValueError(f"SamplingSettings.max_new_tokens must be an integer >= 1, got {s.max_new_tokens!r}.")
     if not s.greedy and not s.temperature > 0:
@@ -108,6 +251,13 @@ def _check_settings(s: SamplingSettings) -> None:
         raise ValueError(f"SamplingSettings.top_p must be in (0, 1], got {s.top_p!r}.")
     if s.top_k is not None and (not isinstance(s.top_k, int) or s.top_k < 0):
         raise ValueError(f"SamplingSettings.top_k must be None, 0 (off) or a positive integer, got {s.top_k!r}.")
+    if not number(s.min_p) or not 0 <= s.min_p <= 1:
+        raise ValueError(f"SamplingSettings.min_p must be in [0, 1] (0: off), got {s.min_p!r}.")
+    if not number(s.repetition_penalty) or not 0 < s.repetition_penalty < float("inf"):
+        raise ValueError(
+            f"SamplingSettings.repetition_penalty must be a number > 0 (1.0: off; > 1 discourages repeats), "
+            f"got {s.repetition_penalty!r}."
+        )
 
 
 class Sampled(NamedTuple):
@@ -346,13 +496,16 @@ class Sampler:
 
     def _sample(self, model, ids, mask, pad_id: int, agent: str, adapter_names: list[str] | None = None) -> Sampled:
         unwrap = self.unwrap or contextlib.nullcontext
-        record = self.logprob_temperature if self.backend.records_logprobs else None
+        settings = self.settings_for(agent)
+        # A penalty before the recorder makes its log-probs other than the policy's: the caller's forward computes them
+        recorded = self.backend.records_logprobs and not settings.changes_logits()
+        record = self.logprob_temperature if recorded else None
         with unwrap(model) as m:
             request = GenerationRequest(
                 m,
                 ids,
                 mask,
-                self.settings_for(agent),
+                settings,
                 pad_id=pad_id,  # finished rows are fed it back in
                 adapter_names=adapter_names,
                 use_adapter=self.team.active if adapter_names is not None else None,

@@ -137,11 +137,11 @@ class VLLMBackend(GenerationBackend):
             engine.sync()
         prompts = request.prompts()
         outputs = engine.generate(prompts, settings, request.adapter_names)
-        # vLLM's "processed" log-probs are of the distribution it sampled from: after temperature, and after top-k /
-        # top-p truncation and renormalisation. The trainer's are over the whole vocabulary at the temperature, so
-        # they compare only when no truncation is on (the trainers' default); otherwise none are returned and the
-        # importance-sampling correction does not apply.
-        comparable = not settings.greedy and settings.top_p >= 1.0 and not settings.top_k
+        # vLLM's "processed" log-probs are of the distribution it sampled from: after penalties and temperature, and
+        # after top-k / top-p / min-p truncation and renormalisation. The trainer's are over the whole vocabulary at
+        # the temperature, so they compare only when no truncation or penalty is on (the trainers' default);
+        # otherwise none are returned and the importance-sampling correction does not apply.
+        comparable = settings.samples_the_policy()
         width = max((len(o.token_ids) for o in outputs), default=0)
         tokens = torch.full((len(prompts), max(width, 1)), pad_id, dtype=ids.dtype)
         engine_lp = torch.zeros(tokens.shape, dtype=torch.float32)
@@ -264,22 +264,7 @@ class _Engine:
         stops = list(settings.stop_token_ids) or _eos_ids(self.generation_config)
         # vLLM refuses ids outside the vocabulary; they can never be sampled, so generate() never stops on them either
         stops = [t for t in stops if 0 <= t < self.vocab_size]
-        params = [
-            SamplingParams(
-                n=1,
-                max_tokens=settings.max_new_tokens,
-                temperature=0.0 if settings.greedy else settings.temperature,
-                top_p=1.0 if settings.greedy else settings.top_p,
-                top_k=0 if settings.greedy or not settings.top_k else settings.top_k,
-                # generate() stops at these ids only (the stop token, else the model's eos): same here
-                stop_token_ids=stops,
-                ignore_eos=True,
-                logprobs=0,
-                detokenize=False,
-                seed=seed + i,
-            )
-            for i in range(len(prompts))
-        ]
+        params = [_sampling_params(SamplingParams, settings, stops, seed + i) for i in range(len(prompts))]
         lora = [self._request(a) for a in adapter_names] if adapter_names is not None else None
         outputs = self.llm.generate(
             [{"prompt_token_ids": p} for p in prompts], sampling_params=params, lora_request=lora, use_tqdm=False
@@ -291,6 +276,34 @@ class _Engine:
             shutil.rmtree(self._adapter_dir, ignore_errors=True)
         llm, self.llm = self.llm, None
         del llm
+
+
+def _sampling_params(sampling_params_cls, settings: SamplingSettings, stops: list[int], seed: int):
+    """vLLM's SamplingParams for one row: the settings under vLLM's names (the same as GRPO's and generate()'s:
+    `repetition_penalty` on the prompt and the completion so far, `min_p` relative to the most likely token), then
+    `generation_kwargs` (SamplingParams' own names, as GRPO passes them)."""
+    kwargs = dict(
+        n=1,
+        max_tokens=settings.max_new_tokens,
+        temperature=0.0 if settings.greedy else settings.temperature,
+        top_p=1.0 if settings.greedy else settings.top_p,
+        top_k=0 if settings.greedy or not settings.top_k else settings.top_k,
+        min_p=0.0 if settings.greedy else settings.min_p,
+        repetition_penalty=settings.repetition_penalty,
+        # generate() stops at these ids only (the stop token, else the model's eos): same here
+        stop_token_ids=stops,
+        ignore_eos=True,
+        logprobs=0,
+        detokenize=False,
+        seed=seed,
+    )
+    try:
+        return sampling_params_cls(**kwargs, **settings.generation_kwargs)
+    except TypeError as e:  # a GenerationConfig name vLLM does not take
+        raise ValueError(
+            f"`generation_kwargs` {sorted(settings.generation_kwargs)} with use_vllm: vLLM's SamplingParams refused "
+            f"them ({e}); use SamplingParams' names there (GRPO passes generation_kwargs to the backend as they are)."
+        ) from e
 
 
 @contextlib.contextmanager

@@ -300,6 +300,12 @@ _SETTINGS = {
         lambda v: v is None or _is_int(v) or (isinstance(v, list) and all(_is_int(t) for t in v)),
         "null, a token id or a list of token ids",
     ),
+    ("generation", "min_p"): (lambda v: v is None or (_is_number(v) and 0 <= v <= 1), "a number in [0, 1] (0: off)"),
+    ("generation", "repetition_penalty"): (lambda v: _is_number(v) and v > 0, "a number > 0 (1.0: off)"),
+    ("generation", "generation_kwargs"): (
+        lambda v: v is None or (isinstance(v, dict) and all(isinstance(k, str) for k in v)),
+        "an object of generate() / vLLM SamplingParams keyword arguments, or null",
+    ),
     ("prompts", "agent_context"): (lambda v: v in AGENT_CONTEXTS, f"one of {list(AGENT_CONTEXTS)}"),
 }
 

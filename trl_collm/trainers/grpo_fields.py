@@ -34,6 +34,18 @@ GRPO_FIELDS: dict[str, tuple[str, str]] = {
     "temperature": (SAME, "as GRPO (default 0.7 here, 1.0 in GRPO)"),
     "top_p": (SAME, "as GRPO"),
     "top_k": (SAME, "as GRPO (0 or None: off)"),
+    "min_p": (SAME, "as GRPO (None or 0: off); recorded in team.json, so eval / play sample with it"),
+    "repetition_penalty": (
+        SAME,
+        "as GRPO, in generate() and vLLM; recorded in team.json. The loss's log-probs are the policy's own, never "
+        "the penalised sampler's (PPO's old log-probs then come from its scoring forward)",
+    ),
+    "generation_kwargs": (
+        SAME,
+        "as GRPO: generate()'s (GenerationConfig's names) or, with use_vllm, SamplingParams' keyword arguments; "
+        "recorded in team.json. Keys that are settings here (temperature, top_p, max_new_tokens, num_beams, ...) "
+        "are refused naming the setting",
+    ),
     "generation_batch_size": (
         TEAM,
         "completions per agent sampled per iteration over all processes: per_device_train_batch_size (prompts here) x "
@@ -81,17 +93,11 @@ GRPO_FIELDS: dict[str, tuple[str, str]] = {
     "cast_lm_head_to_fp32": (REFUSED, "load the agents in float32 (model_init_kwargs={'dtype': 'float32'})"),
     "num_generations_eval": (
         REFUSED,
-        "evaluate() plays each eval row once per agent and reports its mean return; repeat rows in eval_dataset",
+        "evaluate() plays each eval row once and reports the mean return; to play each row k times, pass the rows "
+        "repeated (datasets.concatenate_datasets([eval_dataset] * k)) with evaluate(greedy=False), the default",
     ),
     "shuffle_dataset": (REFUSED, "rows are shuffled each pass; set data_seed for another order"),
     "pad_to_multiple_of": (REFUSED, "rows are padded to their batch's longest; leave it at 'auto'"),
-    "min_p": (REFUSED, "the team's sampler takes temperature, top_p and top_k; use top_p / top_k"),
-    "repetition_penalty": (REFUSED, "the team's sampler takes temperature, top_p and top_k; leave it at 1.0"),
-    "generation_kwargs": (
-        REFUSED,
-        "the team's sampler takes temperature, top_p, top_k and stop_token_id; use those or each agent's "
-        "generation_config.json",
-    ),
     "chat_template_kwargs": (REFUSED, "each agent's prompt is built by prompt_formatters / its chat template"),
     "cache_implementation": (REFUSED, "generation uses each model's default KV cache; leave it unset"),
     "vllm_structured_outputs_regex": (REFUSED, "structured outputs are not passed to the engines; leave it unset"),

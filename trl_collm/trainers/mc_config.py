@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Annotated
 
+from ..generation.sampler import SamplingSettings
 from .grpo_fields import OTHER_GRPO_LOSS_TYPES, GRPORefusedFields, check_grpo_fields
 from .presets import PresetDefault, check_presettable
-from .ranges import ABOVE_0, AT_LEAST_0, AT_LEAST_1
+from .ranges import ABOVE_0, AT_LEAST_0, AT_LEAST_1, UNIT
 from .team_config import TeamConfig
 
 GRPO_LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo")
@@ -106,6 +107,16 @@ class MultiAgentMCConfig(GRPORefusedFields, TeamConfig):
             Upper clip range of the ratio (GRPO loss types; default: epsilon).
         delta (`float`, *optional*, defaults to `None`):
             GRPO loss types: two-sided clipping, the ratio capped at delta.
+        min_p (`float`, *optional*, defaults to `None`):
+            GRPO's: keep only tokens at least min_p times as likely as the most likely one (after the temperature);
+            None or 0: off. Recorded in team.json, so eval / play sample with it.
+        repetition_penalty (`float`, *optional*, defaults to `1.0`):
+            GRPO's: penalise tokens already in the prompt or the completion (> 1 discourages repeats; 1.0: off), in
+            generate() and vLLM alike. The loss's log-probs stay the policy's own (not the penalised ones).
+        generation_kwargs (`dict`, *optional*, defaults to `None`):
+            GRPO's: further keyword arguments for generate() (GenerationConfig's names) or, with use_vllm, vLLM's
+            SamplingParams; a JSON object on the command line. Keys that are settings here (temperature, top_p,
+            max_new_tokens, ...) are refused naming the setting. Recorded in team.json.
         trust_remote_code (`bool`, *optional*, defaults to `False`):
             Added to model_init_kwargs (models loaded from paths run their repository's code).
         log_completions (`bool`, *optional*, defaults to `False`):
@@ -198,6 +209,16 @@ class MultiAgentMCConfig(GRPORefusedFields, TeamConfig):
     )
     delta: Annotated[float | None, ABOVE_0] = field(
         default=None, metadata={"help": "GRPO loss types: the ratio capped at delta (two-sided clipping)."}
+    )
+    min_p: Annotated[float | None, UNIT] = field(
+        default=None, metadata={"help": "GRPO's min-p filter (after the temperature); None or 0: off."}
+    )
+    repetition_penalty: Annotated[float, ABOVE_0] = field(
+        default=1.0, metadata={"help": "GRPO's: > 1 discourages tokens already in the prompt or completion; 1.0: off."}
+    )
+    generation_kwargs: dict | str | None = field(
+        default=None,
+        metadata={"help": "GRPO's: more generate() / vLLM SamplingParams keyword arguments (a JSON object)."},
     )
     trust_remote_code: bool = field(default=False, metadata={"help": "Added to model_init_kwargs."})
     log_completions: bool = field(
@@ -319,6 +340,8 @@ class MultiAgentMCConfig(GRPORefusedFields, TeamConfig):
             self.num_mini_batches = steps // gas
         if self.trust_remote_code:
             self.model_init_kwargs = {**(self.model_init_kwargs or {}), "trust_remote_code": True}
+        # GRPO's sampling settings: checked as the sampler takes them (generation_kwargs' JSON text parsed)
+        self.generation_kwargs = dict(SamplingSettings.from_config(self).generation_kwargs) or None
 
 
 check_presettable(MultiAgentMCConfig, MC_PRESETS)
