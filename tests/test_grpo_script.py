@@ -153,3 +153,39 @@ def test_grpo_script_refuses_what_a_team_cannot_hold(assets, tmp_path):
     assert proc.returncode != 0
     (line,) = [ln for ln in proc.stdout.splitlines() if "importance_sampling_level" in ln and "Error" in ln]
     assert "ratios are per token" in line
+
+
+def test_end_after_a_grpo_script_style_run(assets, tmp_path, monkeypatch):
+    """TRL's script ends with `trainer.end()` (on transformers >= 5.18): after train() and save_model() it finishes
+    the trackers through the accelerator, on the team trainer as on GRPOTrainer, and leaves the saved model whole."""
+    import transformers
+    from packaging.version import Version
+
+    from trl_collm import MultiAgentMCConfig, MultiAgentMCTrainer
+    from trl_collm.testing import CPU_RUN_SETTINGS
+
+    script = swapped_grpo_script()
+    if Version(transformers.__version__) >= Version("5.18.0"):
+        assert "trainer.end()" in script  # else the script runs above never reach it
+    args = MultiAgentMCConfig(
+        **dict(CPU_RUN_SETTINGS, output_dir=str(tmp_path / "out")),
+        max_completion_length=4,
+        num_generations=2,
+        per_device_train_batch_size=2,
+        max_steps=1,
+        loss_type="dapo",
+    )
+    trainer = MultiAgentMCTrainer(
+        model=assets["model"],
+        reward_funcs=lambda completions, **kw: [len(c) / 10 for c in completions],
+        args=args,
+        train_dataset=[{"prompt": p} for p in PROMPTS],
+    )
+    trainer.train()
+    trainer.save_model(args.output_dir)
+    ended = []
+    original = trainer.accelerator.end_training
+    monkeypatch.setattr(trainer.accelerator, "end_training", lambda: ended.append(True) or original())
+    trainer.end()
+    assert ended == [True]
+    assert (tmp_path / "out" / "model.safetensors").is_file()
