@@ -17,7 +17,7 @@ from transformers.trainer_utils import TrainOutput
 from trl.trainer.base_trainer import _BaseTrainer
 from trl.trainer.utils import disable_dropout_in_model
 
-from ..cpu import adapt_for_cpu_bf16
+from ..cpu import adapt_for_cpu
 from ..envs.reward_functions import build_env
 from ..generation.backends import make_backend
 from ..generation.prompts import PromptSettings
@@ -98,11 +98,10 @@ class TeamTrainerBase(TeamUpdates, _BaseTrainer):
             optimizers=optimizers,
         )
         self.team, self.critic = team, critic
-        if args.bf16 and self.accelerator.device.type == "cpu":
-            # The CPU adaptations of bf16 autocast, switched on in one place (trl_collm/cpu/__init__.py).
+        if self.accelerator.device.type == "cpu":  # the CPU adaptations, switched on in one place (trl_collm/cpu/)
             for module in (team, critic, *(r for r in team._refs.values() if r is not None)):
                 if isinstance(module, torch.nn.Module):
-                    adapt_for_cpu_bf16(module)
+                    adapt_for_cpu(module, bf16=bool(args.bf16))
         install_console(self)  # one line of a few numbers per log, a progress bar with its ETA (progress.py)
         self.phase_clock = PhaseClock()
         self.sampler = self.build_sampler()
@@ -183,7 +182,7 @@ class TeamTrainerBase(TeamUpdates, _BaseTrainer):
 
     def rollout(self, rows: list[dict], greedy: bool = False, keep_prompt_graph: bool = False) -> Rollout:
         """Episodes for `rows`; `keep_prompt_graph`: every generation keeps its prompt prefill with gradients for
-        the update (`prompt_cache_rows`), which the caller has checked is allowed (`keeps_prompt_graph`)."""
+        the update (`prompt_cache_rows`), where the caller's plan allows it (trainers/plan.py)."""
         args = self.args
         self.model.eval()
         sampler = self.sampler_for_step(greedy)
