@@ -335,7 +335,7 @@ def main():
             "history": history,
             "fingerprints": prints,
             "team_dir": team_dir,
-            "deferred_old_logprobs": bool(getattr(trainer, "_defer_old_logprobs", lambda: False)()),
+            "deferred_old_logprobs": bool(trainer.plan and trainer.plan.old_logprobs_from_update.on),
             "shared_prefix_forwards": sum(shared_prefix_used),
             # rank 0's seconds per call of each phase (the first iteration includes warm-up)
             "phases_s": phases,

@@ -100,7 +100,7 @@ def test_collm_preset_matches_analytic_gradient(tmp_path):
         w, b = w - eta * g, b - eta * g
 
     scored = trainer.score_rollout(roll)
-    assert torch.allclose(scored.targets_for(scored.critic_batches[0]).old_values.flatten(), torch.full((4,), v0))
+    assert torch.allclose(scored.advantages.targets[0].old_values.flatten(), torch.full((4,), v0))
     assert torch.allclose(scored.turns[0]["alice"].advantages, adv, atol=1e-6)
     trainer.model.train()
     trainer.update(scored)

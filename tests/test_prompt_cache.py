@@ -164,9 +164,9 @@ def _ppo(tmp_path, qwen_path, prompts_dataset, make_config, keep: bool, **overri
 
     from trl_collm import MultiAgentPPOTrainer
 
-    settings = dict(num_agents=2, learning_rate=1e-2, num_ppo_epochs=1, kl_coef=0.0)
+    settings = dict(num_agents=2, learning_rate=1e-2, num_ppo_epochs=1, kl_coef=0.0, reuse_rollout_prefill=keep)
     if overrides.get("preset"):
-        settings = dict(num_agents=2, kl_coef=0.0)  # the preset's own update rule
+        settings = dict(num_agents=2, kl_coef=0.0, reuse_rollout_prefill=keep)  # the preset's own update rule
     args = make_config(tmp_path / f"keep-{keep}", **{**settings, **overrides})
     reward = dict(reward_funcs=_reward)
     if args.num_turns == 2:
@@ -180,8 +180,6 @@ def _ppo(tmp_path, qwen_path, prompts_dataset, make_config, keep: bool, **overri
         train_dataset=prompts_dataset,
         **reward,
     )
-    if not keep:
-        trainer.keeps_prompt_graph = lambda *a, **k: False
     return trainer
 
 
@@ -208,7 +206,7 @@ def test_ppo_training_with_the_kept_prefill_matches_training_without(
     for keep in (False, True):
         calls.clear()
         trainer = _ppo(tmp_path, qwen_path, prompts_dataset, make_config, keep, critic_type=critic_type)
-        assert trainer.keeps_prompt_graph(4, trainer._one_look()) is keep
+        assert trainer.plan_iteration(4).reuse_rollout_prefill.on is keep
         trainer.train()
         weights = trained_weights(trainer)
         runs[keep] = (weights, trainer._metrics_history, list(calls))
@@ -243,6 +241,7 @@ def test_mc_training_with_the_kept_prefill_matches_training_without(tmp_path, qw
             response_length=5,
             learning_rate=1e-2,
             seed=0,
+            reuse_rollout_prefill=keep,
         )
         trainer = MultiAgentMCTrainer(
             args=args,
@@ -254,8 +253,6 @@ def test_mc_training_with_the_kept_prefill_matches_training_without(tmp_path, qw
         kept = []
         real = trainer.prompt_cache_rows
         trainer.prompt_cache_rows = lambda g, rows: kept.append(g.prompt_cache is not None) or real(g, rows)
-        if not keep:
-            trainer.keeps_prompt_graph = lambda *a, **k: False
         trainer.train()
         weights = trained_weights(trainer)
         runs[keep] = weights, trainer._metrics_history, kept
@@ -282,6 +279,6 @@ def test_the_prefill_is_not_kept_when_the_update_would_not_see_the_sampling_weig
     tmp_path, qwen_path, prompts_dataset, make_config, overrides
 ):
     trainer = _ppo(tmp_path, qwen_path, prompts_dataset, make_config, True, **overrides)
-    assert trainer.keeps_prompt_graph(4 * trainer.args.num_turns, trainer._one_look()) is False
+    assert trainer.plan_iteration(4 * trainer.args.num_turns).reuse_rollout_prefill.on is False
     roll = trainer.rollout(list(prompts_dataset)[:4], keep_prompt_graph=False)
     assert all(at.gen.prompt_cache is None for turn in roll.turns for at in turn.values())

@@ -521,8 +521,8 @@ def test_token_level_advantages_dc(tmp_path, make_config, prompts_dataset, qwen_
         at = scored.turns[0][a]
         assert at.advantages.shape == at.gen.response_ids.shape  # one advantage per response token
         assert torch.all(at.advantages[~at.gen.response_mask] == 0)
-    for cb in cbs:  # PPO's targets for each critic batch, in its own record (the critic's batch holds none)
-        target = scored.targets_for(cb)
+    # PPO's targets for each critic batch, paired by index, in its own record (the critic's batch holds none)
+    for cb, target in zip(cbs, scored.advantages.targets, strict=True):
         assert target.old_values.shape == target.mask.shape == roll.turns[0][cb.key].gen.response_ids.shape
         assert not hasattr(cb, "old_values") and not hasattr(cb, "returns")
     agents_before, critics_before = agent_snapshots(tr), critic_snapshots(tr)
@@ -555,20 +555,19 @@ def assert_same_snapshots(got: dict, want: dict):
 )
 def test_deferred_old_logprobs_match_the_scoring_pass(tmp_path, make_config, prompts_dataset, qwen_path, overrides):
     """Skipping the scoring forward must not change a single update: same weights and the same logged metrics as a
-    run forced through the scoring pass (`_defer_old_logprobs` patched to False), and the trainer really took the
-    short path."""
+    run forced through the scoring pass (`old_logprobs_from_update=False`, and not from the sampler either), and
+    the trainer really took the short path."""
     runs = []
     for force in (False, True):
-        args = make_config(tmp_path / str(force), learning_rate=1e-2, **overrides)
+        # Both runs forward the whole prompt in the update, so that the only difference is where the old log-probs
+        # come from (the kept prefill's own equivalence, by rounding only: tests/test_prompt_cache.py).
+        switches = dict(old_logprobs_from_update=not force, old_logprobs_from_sampler=False)
+        switches["reuse_rollout_prefill"] = False
+        args = make_config(tmp_path / str(force), learning_rate=1e-2, **overrides, **switches)
         trainer = MultiAgentPPOTrainer(
             args=args, model=[qwen_path, qwen_path], train_dataset=prompts_dataset, reward_funcs=varied_reward
         )
-        if force:
-            trainer._defer_old_logprobs = lambda: False
-        # Both runs forward the whole prompt in the update, so that the only difference is where the old log-probs
-        # come from (the kept prefill's own equivalence, by rounding only: tests/test_prompt_cache.py).
-        trainer.keeps_prompt_graph = lambda *a, **k: False
-        assert trainer._defer_old_logprobs() is (not force)
+        assert trainer.plan_iteration(4).old_logprobs_from_update.on is (not force)
         before = agent_snapshots(trainer), critic_snapshots(trainer)
         calls = []
         original = trainer.team.logprobs
@@ -597,7 +596,7 @@ def test_deferred_old_logprobs_match_the_scoring_pass(tmp_path, make_config, pro
     ],
 )
 def test_deferred_values_match_the_scoring_pass(tmp_path, make_config, prompts_dataset, qwen_path, overrides):
-    """Taking the critic's old values from the update's first critic forward (`_defer_values`) must not change a
+    """Taking the critic's old values from the update's first critic forward (`reuse_value_forward`) must not change a
     single update: same weights and logged metrics as a run forced through the scoring pass's critic forward, and
     the short path really ran (every critic forward with gradients, half as many as the long path)."""
     runs = []
@@ -608,13 +607,12 @@ def test_deferred_values_match_the_scoring_pass(tmp_path, make_config, prompts_d
             num_ppo_epochs=1,
             kl_coef=0.0,
             policy_loss_type="ppo",
+            reuse_value_forward=not force,
             **overrides,
         )
         trainer = MultiAgentPPOTrainer(
             args=args, model=[qwen_path, qwen_path], train_dataset=prompts_dataset, reward_funcs=varied_reward
         )
-        if force:
-            trainer._defer_values = lambda roll: False
         before = agent_snapshots(trainer), critic_snapshots(trainer)
         calls = []
         original = trainer.critic.values
@@ -651,8 +649,8 @@ def test_values_are_scored_up_front_when_the_update_cannot_give_them(tmp_path, m
         env = dict(env=TwoTurnEnv()) if overrides.get("num_turns") == 2 else dict(reward_funcs=varied_reward)
         trainer = MultiAgentPPOTrainer(args=args, model=[qwen_path, qwen_path], train_dataset=prompts_dataset, **env)
         roll = trainer.rollout(list(prompts_dataset)[:4])
-        assert trainer._defer_values(roll) is False, overrides
-        assert trainer.score_rollout(roll).advantages is not None, overrides
+        assert trainer.plan_iteration(4 * args.num_turns).reuse_value_forward.on is False, overrides
+        assert trainer.score_rollout(roll).value_forward is None, overrides
 
 
 def test_old_logprob_pass_is_kept_when_weights_move_before_the_agents_forward(
@@ -670,4 +668,4 @@ def test_old_logprob_pass_is_kept_when_weights_move_before_the_agents_forward(
         trainer = MultiAgentPPOTrainer(
             args=args, model=[qwen_path, qwen_path], train_dataset=prompts_dataset, reward_funcs=varied_reward
         )
-        assert trainer._defer_old_logprobs() is False, overrides
+        assert trainer.plan_iteration(4).old_logprobs_from_update.on is False, overrides

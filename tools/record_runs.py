@@ -5,9 +5,10 @@ the check that a refactor leaves every trajectory bitwise unchanged (used for th
     PYTHONPATH=<new tree> python tools/record_runs.py record new.json [CASE ...]
     python tools/record_runs.py compare old.json new.json      # exit 1 on any difference
 
-Six cases cover the paths a refactor of the trainers or the sampler can move: PPO CC with separate models over two
+Nine cases cover the paths a refactor of the trainers or the sampler can move: PPO CC with separate models over two
 turns with history, DC on a LoRA team with top-k / top-p, CC on continuous batching, CC with a stop token that really
-fires, MC tree expansion over two turns, MC cross mode on a LoRA team. Metric key order is ignored; timings are left
+fires, the iteration plan's shortcuts (one epoch: CC without KL, DC on a LoRA team with its KL term, the `collm`
+preset), MC tree expansion over two turns, MC cross mode on a LoRA team. Metric key order is ignored; timings are left
 out.
 """
 
@@ -41,6 +42,10 @@ CASES = {
         "ppo",
         dict(critic_type="centralized", stop_token_id="frequent", scale_logits_by_temperature=False, temperature=0.7),
     ),
+    # one epoch, one minibatch: the iteration plan's shortcuts (trl_collm/trainers/plan.py) on the path they take
+    "ppo_cc_one_look": ("ppo", dict(critic_type="centralized", num_ppo_epochs=1, kl_coef=0.0)),
+    "ppo_dc_lora_one_look_kl": ("ppo", dict(critic_type="decentralized", lora=True, num_ppo_epochs=1)),
+    "ppo_collm_preset": ("ppo", dict(preset="collm", critic_type="centralized", num_ppo_epochs=1)),
     "mc_tree_2turn": ("mc", dict(num_turns=2, expansion="tree", env=True, stop_token_id="frequent")),
     "mc_cross_lora": ("mc", dict(joint_mode="cross", lora=True, max_joint_combinations=4)),
 }
@@ -111,9 +116,8 @@ def run_case(name: str, out: str) -> dict:
     data = Dataset.from_dict({"prompt": PROMPTS})
     common = dict(output_dir=out, response_length=6, **RUN, **cfg)
     if kind == "ppo":
-        args = MultiAgentPPOConfig(
-            per_device_train_batch_size=4, total_episodes=8, num_ppo_epochs=2, learning_rate=1e-3, **common
-        )
+        ppo = dict(per_device_train_batch_size=4, total_episodes=8, num_ppo_epochs=2, learning_rate=1e-3)
+        args = MultiAgentPPOConfig(**{**ppo, **common})
         trainer = MultiAgentPPOTrainer(args=args, model=path, train_dataset=data, **source, **extra)
     else:
         args = MultiAgentMCConfig(

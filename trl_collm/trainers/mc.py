@@ -205,12 +205,9 @@ class MultiAgentMCTrainer(TeamTrainerBase):
         args = self.args
         self.model.eval()
         sampler = self.sampler_for_step()
-        one_look = args.num_iterations == 1 and args.num_mini_batches == 1
-        if args.update_schedule == "per_agent_turn" and args.num_turns > 1:
-            one_look = False  # turn t's step moves the weights turn t+1 sampled with
         # (sample, turn) pairs of the update: G samples per row in one turn; a tree's later turns branch further
         samples = len(rows) * args.num_generations if args.num_turns == 1 else float("inf")
-        if self.keeps_prompt_graph(samples, one_look):
+        if self.plan_iteration(samples).reuse_rollout_prefill.on:  # trainers/plan.py
             sampler = dataclasses.replace(sampler, keep_prompt_graph=True)
         if args.joint_mode == "cross":
             return run_cross(

@@ -10,16 +10,17 @@ One iteration:
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass, field
 
 import torch
 
 from .. import algorithms as alg
 from ..critics import CriticBatch, build_critic
-from ..generation.backends import sampler_logits_are_the_models
 from ..rollout import Rollout
 from ..value_stats import RunningMeanStd, explained_variance
 from .base import TeamTrainerBase, _chunked
+from .plan import IterationPlan, make_plan
 from .ppo_config import MultiAgentPPOConfig
 from .scored import ScoredTurn
 from .updates import _rows_of
@@ -30,7 +31,7 @@ class PPOTurn(ScoredTurn):
     """A scored turn of the PPO trainer."""
 
     kl: torch.Tensor | None = None  # (B, Lr) per-token KL to the reference (kl_coef != 0)
-    old_deferred: bool = False  # old_logprobs are filled by the update's first forward (see _defer_old_logprobs)
+    # old_logprobs None: the plan takes them from the update's first forward (`plan.old_logprobs_from_update`)
 
 
 @dataclass
@@ -59,18 +60,17 @@ class PPOAdvantages:
 
 @dataclass
 class ScoredRollout:
-    """A rollout scored for the update: its turns with log-probs and advantages, the critics' inputs and targets."""
+    """A rollout scored for the update: its turns with log-probs and advantages, the critics' inputs and targets
+    (`critic_batches[k]` is paired with `advantages.targets[k]`)."""
 
     rollout: Rollout
     turns: list[dict[str, PPOTurn]]  # turns[t][agent]
     critic_batches: list[CriticBatch]
-    advantages: PPOAdvantages | None  # None until the update's first critic forward (see _defer_values)
+    advantages: PPOAdvantages
     metrics: dict
-    shaped_rewards: torch.Tensor | None = None  # (E, T, n): what GAE reads, kept while the values are deferred
-
-    def targets_for(self, cb: CriticBatch) -> ValueTargets:
-        """The value targets of one of `critic_batches` (matched by identity: batches hold tensors, not keys)."""
-        return next(t for batch, t in zip(self.critic_batches, self.advantages.targets) if batch is cb)
+    # plan.reuse_value_forward: each critic batch's values over all its views, with gradients (by index), taken
+    # just before the update; its first step's value losses backpropagate them. None: the update runs its own.
+    value_forward: list[torch.Tensor] | None = None
 
 
 class MultiAgentPPOTrainer(TeamTrainerBase):
@@ -200,19 +200,11 @@ class MultiAgentPPOTrainer(TeamTrainerBase):
         self.value_rms = RunningMeanStd() if args.value_normalization else None
 
     def sampler_logprob_temperature(self) -> float | None:
-        """The policy's temperature in the loss, when the old log-probs come from the sampler."""
-        return self.loss_temperature() if self._old_logprobs_from_sampler() else None
-
-    def _old_logprobs_from_sampler(self) -> bool:
-        """Take the old log-probs from the sampler (one policy forward per agent and turn fewer in scoring, as TRL's
-        PPO did) when the update does not record them itself (`_defer_old_logprobs`) and every agent's generation
-        config leaves the logits as the model gives them (no repetition penalty, forced or suppressed tokens). The
-        numbers are the policy's, from the decoding forward instead of a fresh one: equal up to float rounding (the
-        PPO ratio starts within ~1e-6 of 1). Backends that do not record them (continuous batching) leave them to
-        the scoring forward."""
-        if self._defer_old_logprobs():
-            return False
-        return all(sampler_logits_are_the_models(self.team.model_of(a)) for a in self.team.names)
+        """The policy's temperature in the loss, when the plan takes the old log-probs from the sampler (asked once,
+        when the sampler is built; a backend that does not record them leaves them to the scoring forward)."""
+        return (
+            self.loss_temperature() if make_plan(self.args, self.plan_facts(0)).old_logprobs_from_sampler.on else None
+        )
 
     def checkpoint_state(self) -> dict:
         return {"value_rms": self.value_rms.state_dict()} if self.value_rms is not None else {}
@@ -248,10 +240,12 @@ class MultiAgentPPOTrainer(TeamTrainerBase):
 
     # ------------------------------------------------------------------ scoring (no grad)
     @torch.no_grad()
-    def score_rollout(self, roll: Rollout) -> ScoredRollout:
+    def score_rollout(self, roll: Rollout, plan: IterationPlan | None = None) -> ScoredRollout:
+        """The whole record the update reads: log-probs, rewards, advantages, value targets. `plan`: the iteration's
+        (default: one made for this rollout)."""
         args, names = self.args, self.team.names
         n, E, T = len(names), roll.num_episodes, roll.num_turns
-        defer = self._defer_old_logprobs()
+        plan = plan or self.plan_iteration(E * args.num_turns)
         rewards = roll.rewards.clone()  # (E, T, n)
         kl_seq = torch.zeros(E, T, n)
         logp_seq = torch.zeros(E, T, n)
@@ -262,60 +256,63 @@ class MultiAgentPPOTrainer(TeamTrainerBase):
                 at = turn[a]
                 if args.missing_eos_penalty is not None:
                     rewards[at.episode_ids, t, i] -= args.missing_eos_penalty * (~at.gen.ended).float().cpu()
-                scored[a] = st = self._scored_turn(a, at, defer)
+                scored[a] = st = self._scored_turn(a, at, plan)
                 if st.kl is not None:
                     kl_seq[at.episode_ids, t, i] = st.kl.sum(-1).cpu()
-                if not defer:
+                if st.old_logprobs is not None:
                     logp_seq[at.episode_ids, t, i] = st.old_logprobs.sum(-1).cpu()
             turns.append(scored)
         scores = rewards.clone()  # environment reward after the EOS penalty, before KL
         cbs = self.critic.batches(roll)
-        metrics = self._scoring_metrics(roll, scores, kl_seq, None if defer else logp_seq)
-        if self._defer_values(roll):  # the update's first critic forward gives the values (and then advantages)
-            return ScoredRollout(roll, turns, cbs, None, metrics, shaped_rewards=rewards - args.kl_coef * kl_seq)
+        from_update = plan.old_logprobs_from_update.on
+        metrics = self._scoring_metrics(roll, scores, kl_seq, None if from_update else logp_seq)
+        value_forward = self._value_forward(cbs) if plan.reuse_value_forward.on else None
         if args.advantage_level == "token":
             advantages = self._token_advantages(turns, cbs, scores)
         else:
-            advantages = self._turn_advantages(roll, cbs, rewards - args.kl_coef * kl_seq)
-        scored = ScoredRollout(roll, turns, cbs, None, metrics)
-        self._set_advantages(scored, advantages)
-        return scored
-
-    @staticmethod
-    def _set_advantages(scored: ScoredRollout, advantages: PPOAdvantages) -> None:
-        scored.advantages = advantages
-        for t, turn in enumerate(scored.turns):
+            values = None if value_forward is None else [v.detach() for v in value_forward]
+            advantages = self._turn_advantages(roll, cbs, rewards - args.kl_coef * kl_seq, values)
+        for t, turn in enumerate(turns):
             for a, st in turn.items():
                 st.advantages = advantages.advantages[t][a]
+        return ScoredRollout(roll, turns, cbs, advantages, metrics, value_forward)
 
-    def _scored_turn(self, a: str, at, defer: bool) -> PPOTurn:
-        """One agent's turn with its old and reference log-probs and per-token KL (no advantages yet)."""
+    def _value_forward(self, cbs: list[CriticBatch]) -> list[torch.Tensor]:
+        """Every critic batch's values over all its views, with gradients, in the update's (train) mode: the
+        update's first critic forward, taken early so the advantages can come from it (`plan.reuse_value_forward`)."""
+        self.model.train()
+        with torch.enable_grad():
+            return [self.critic.values(cb, self.accelerator.device) for cb in cbs]
+
+    def _scored_turn(self, a: str, at, plan: IterationPlan) -> PPOTurn:
+        """One agent's turn with its old and reference log-probs and per-token KL (no advantages yet). Without old
+        log-probs where the update's first forward gives them (`plan.old_logprobs_from_update`)."""
+        if plan.old_logprobs_from_update.on:
+            return PPOTurn(at)
         g = at.gen
-        if defer:  # filled row by row by the update's own forward (see _defer_old_logprobs)
-            old = torch.zeros(g.response_ids.shape, device=g.response_ids.device)
-            return PPOTurn(at, old_logprobs=old, old_deferred=True)
-        old, ref = self._old_and_ref_logprobs(a, at)
+        old = g.sampled_logprobs if plan.old_logprobs_from_sampler.on else None
+        old, ref = self._old_and_ref_logprobs(a, at, old)
         if ref is None:
             return PPOTurn(at, old_logprobs=old)
         kl = alg.kl_per_token(old, ref, self.args.kl_estimator).masked_fill(~g.response_mask, 0)
         return PPOTurn(at, old_logprobs=old, ref_logprobs=ref, kl=kl)
 
-    def _old_and_ref_logprobs(self, a: str, at) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The sampling policy's log-probs of the turn's tokens (recorded while sampling when
-        `_old_logprobs_from_sampler`, else a scoring forward) and the reference's (None without a KL term)."""
+    def _old_and_ref_logprobs(self, a: str, at, sampled=None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The sampling policy's log-probs of the turn's tokens (`sampled`: recorded while sampling, else a scoring
+        forward) and the reference's (None without a KL term)."""
         g = at.gen
-        old = g.sampled_logprobs if g.sampled_logprobs is not None else self.chunked_logprobs(a, g)
+        old = sampled if sampled is not None else self.chunked_logprobs(a, g)
         if self.args.kl_coef == 0 or not self.team.has_reference(a):
             return old, None
         return old, self.chunked_logprobs(a, g, reference=True)
 
     def _scoring_metrics(self, roll: Rollout, scores, kl_seq, logp_seq) -> dict:
-        """The batch's objective (TRL PPO's names) and the episode metrics; entropy is None while the old log-probs
-        are deferred (`training_iteration` fills it after the update)."""
+        """The batch's objective (TRL PPO's names) and the episode metrics; `logp_seq` None: the old log-probs come
+        from the update's first forward, and so does the entropy (`update`)."""
         kl_coef, played = self.args.kl_coef, roll.turn_mask.unsqueeze(-1)
         metrics = {
             "objective/kl": float(kl_seq.sum((1, 2)).mean()),
-            "objective/entropy": None if logp_seq is None else float((-logp_seq).sum((1, 2)).mean()),
+            **({} if logp_seq is None else {"objective/entropy": float((-logp_seq).sum((1, 2)).mean())}),
             "objective/non_score_reward": float((-kl_coef * kl_seq).sum((1, 2)).mean()),
             "objective/scores": float((scores * played).sum(1).mean()),
             "objective/rlhf_reward": float((scores * played).sum(1).mean() - kl_coef * kl_seq.sum((1, 2)).mean()),
@@ -408,121 +405,76 @@ class MultiAgentPPOTrainer(TeamTrainerBase):
 
     # ------------------------------------------------------------------ update
     def training_iteration(self, rows: list[dict]) -> dict:
-        roll = self.rollout(
-            rows, keep_prompt_graph=self.keeps_prompt_graph(len(rows) * self.args.num_turns, self._one_look())
-        )
-        scored = self.score_rollout(roll)
+        plan = self.plan_iteration(len(rows) * self.args.num_turns)  # trainers/plan.py: this iteration's shortcuts
+        roll = self.rollout(rows, keep_prompt_graph=plan.reuse_rollout_prefill.on)
+        scored = self.score_rollout(roll, plan)
         if self.value_rms is not None:
             self.value_rms.update(scored.advantages.returns)
         self.model.train()
         metrics = dict(scored.metrics)
         metrics.update(self.update(scored))
-        if metrics["objective/entropy"] is None:  # deferred: the update filled the old log-probs
-            metrics["objective/entropy"] = (
-                float(sum(-st.old_logprobs.sum() for turn in scored.turns for st in turn.values())) / roll.num_episodes
-            )
         metrics.update(self._critic_diagnostics(scored))
         return metrics
 
-    def _defer_old_logprobs(self) -> bool:
-        """Skip the scoring pass's log-prob forward when the update's own forward gives the same numbers.
-
-        That holds when every agent's first forward in the update sees the parameters that sampled its tokens: one
-        epoch, one minibatch (so each row is seen once), and no earlier optimizer step of the iteration touching that
-        agent's weights. With `critic_updates="per_agent"` that rules out several turns (turn t's step changes the
-        weights turn t+1 is scored with) and critic heads on actor backbones (another agent's critic step moves the
-        backbone). Dropout is disabled in every module (base trainer), so eval and train forwards agree. The KL
-        penalty is shaped into the rewards before the update, so it needs the old log-probs up front.
-        The reference rule (`preset="collm"`) qualifies: it saves one forward per agent and turn every iteration.
-        """
-        args = self.args
-        if args.kl_coef != 0 and any(self.team.has_reference(a) for a in self.team.names):
-            return False
-        return self._one_look()
-
-    def _one_look(self) -> bool:
-        """Every agent's first forward in the update sees the weights that sampled, and each row is seen once: one
-        epoch, one minibatch, and no earlier optimizer step of the iteration on that agent's weights (see
-        `_defer_old_logprobs`)."""
-        args = self.args
-        if args.num_ppo_epochs != 1 or args.num_mini_batches != 1:
-            return False
-        return not (args.critic_updates == "per_agent" and (args.num_turns > 1 or self.critic.shares_actor_weights()))
-
-    def _defer_values(self, roll: Rollout) -> bool:
-        """Skip the scoring pass's critic forward when the update's own first critic forward gives the same numbers.
-
-        The values must be known before any policy loss (the advantages come from them, normalised over the whole
-        batch), so the update computes every critic batch's values first, with gradients, derives the advantages
-        from their detached copy, backpropagates the value losses, then the policy losses. That is the update's
-        arithmetic unchanged (the old values equal the new ones at the first step, so value clipping is a no-op,
-        as it was) when: one epoch and one minibatch in one micro-batch (each row is seen once, before any optimizer
-        step), the joint schedule, turn-level advantages, no running value normalisation (its statistics are
-        updated from the returns before the update), no activation checkpointing (the critic graphs are held until
-        the advantages exist, and a recomputation would run under whichever adapter is active by then) and no
-        DeepSpeed (ZeRO-3 gathers and releases parameters around each loss). Saves one critic forward over every
-        view per iteration: ~13 % of a real-model CC iteration (docs/benchmarks.md).
-        """
-        args = self.args
-        return (
-            args.num_ppo_epochs == 1
-            and args.num_mini_batches == 1
-            and args.critic_updates != "per_agent"
-            and args.advantage_level == "turn"
-            and self.value_rms is None
-            and self.graphs_can_wait_for_the_update(int(roll.turn_mask.sum()))
-        )
-
     def update(self, scored: ScoredRollout) -> dict:
+        """The update's optimizer steps and what it logs; where the old log-probs come from its first forward, the
+        batch's entropy too (`objective/entropy`, from those log-probs)."""
         args = self.args
         pairs = scored.rollout.turn_mask.nonzero()  # (P, 2): (episode, turn) pairs that were played
         logs = self.run_updates(scored, pairs, args.num_ppo_epochs, args.critic_updates == "per_agent")
+        first = logs.pop("first_logprobs", None)
         out = {key: float(torch.tensor(vals).mean()) for key, vals in logs.items()}
         ratios = logs.get("val/ratio", [])
         out["val/ratio_var"] = float(torch.tensor(ratios).var()) if len(ratios) > 1 else 0.0
+        if first is not None:
+            out["objective/entropy"] = _entropy_of_first_forwards(scored, first)
         return out
 
     def step_losses(self, scored: ScoredRollout, mpairs: torch.Tensor, agents: list[str], logs):
         """The agents' policy losses, then vf_coef x the critic losses on the same (episode, turn) pairs (the other
-        way round while the values are deferred: see _defer_values)."""
-        deferred = scored.advantages is None
-        if deferred:
-            yield from self._value_losses(scored, mpairs, agents, logs, self._deferred_values(scored))
+        way round with the critic forward taken before the update: `plan.reuse_value_forward`)."""
+        early = scored.value_forward is not None
+        if early:
+            yield from self._value_losses(scored, mpairs, agents, logs)
         for a, st, rows in self.agent_rows(scored.turns, mpairs, agents):
             yield self._policy_loss(a, st, rows, logs), len(rows)
-        if not deferred:
+        if not early:
             yield from self._value_losses(scored, mpairs, agents, logs)
 
-    def _value_losses(self, scored: ScoredRollout, mpairs: torch.Tensor, agents: list[str], logs, values=None):
-        """vf_coef x the critic losses of the `agents` on the step's pairs. `values`: {id(batch): values of all its
-        views, with gradients} when the step already computed them (_deferred_values), else each loss runs its own
-        critic forward."""
-        for cb, cols in self.critic.loss_columns(scored.critic_batches, agents):
-            rows = _rows_of(cb.episode_ids, mpairs[mpairs[:, 1] == cb.turn][:, 0])
-            if len(rows):
-                v = None if values is None else values[id(cb)][rows.to(values[id(cb)].device)]
-                loss = self._value_loss(cb, scored.targets_for(cb), rows, cols, logs, values=v)
-                yield self.args.vf_coef * loss, len(rows)
+    def _value_losses(self, scored: ScoredRollout, mpairs: torch.Tensor, agents: list[str], logs):
+        """vf_coef x the critic losses of the `agents` on the step's pairs; critic batch k is paired with its targets
+        and its early forward (`scored.value_forward`) by k. Without an early forward each loss runs its own."""
+        for k, cb in enumerate(scored.critic_batches):
+            for _, cols in self.critic.loss_columns([cb], agents):
+                rows = _rows_of(cb.episode_ids, mpairs[mpairs[:, 1] == cb.turn][:, 0])
+                if len(rows):
+                    early = None if scored.value_forward is None else scored.value_forward[k]
+                    v = None if early is None else early[rows.to(early.device)]
+                    loss = self._value_loss(cb, scored.advantages.targets[k], rows, cols, logs, values=v)
+                    yield self.args.vf_coef * loss, len(rows)
 
     def _policy_loss(self, a: str, st: PPOTurn, rows: torch.Tensor, logs) -> torch.Tensor:
         args = self.args
         g = st.gen
         mask = g.response_mask[rows]
         new, ent = self.update_logprobs(a, g, rows, mask)
-        if st.old_deferred:  # see _defer_old_logprobs: this forward is the first with these weights
-            st.old_logprobs[rows] = new.detach()
+        if st.old_logprobs is None:  # plan.old_logprobs_from_update: the current ones, detached (as TRL does)
+            old = new.detach()
+            logs["first_logprobs"].append(((st.turn.turn, a), rows, old))
+        else:
+            old = st.old_logprobs[rows]
         adv = st.advantages[rows].to(new.device)
-        weights = self.importance_weights(a, g, rows, st.old_logprobs[rows], mask, logs)
+        weights = self.importance_weights(a, g, rows, old, mask, logs)
         if args.policy_loss_type == "reinforce":
             loss = alg.policy_loss_reinforce(new, adv, mask, weights)
-            ratio = torch.exp((new - st.old_logprobs[rows]).masked_fill(~mask, 0))
+            ratio = torch.exp((new - old).masked_fill(~mask, 0))
             stats = {
                 "clipfrac": torch.tensor(0.0),
-                "approxkl": 0.5 * alg.masked_mean((new - st.old_logprobs[rows]) ** 2, mask),
+                "approxkl": 0.5 * alg.masked_mean((new - old) ** 2, mask),
                 "ratio_mean": alg.masked_mean(ratio, mask),
             }
         else:
-            loss, stats = alg.policy_loss_clipped(new, st.old_logprobs[rows], adv, mask, args.cliprange, weights)
+            loss, stats = alg.policy_loss_clipped(new, old, adv, mask, args.cliprange, weights)
         ent_mean = alg.masked_mean(ent, mask)
         logged = (
             ("policy/approxkl_avg", stats["approxkl"]),
@@ -535,15 +487,6 @@ class MultiAgentPPOTrainer(TeamTrainerBase):
             logs[key].append(float(val.detach()))
             logs[f"{a}/{key}"].append(float(val.detach()))
         return loss
-
-    def _deferred_values(self, scored: ScoredRollout) -> dict:
-        """Every critic batch's values over all its views, with gradients ({id(batch): values}), and the scored
-        rollout's advantages from their detached copy (what scoring would have computed)."""
-        cbs = scored.critic_batches
-        values = [self.critic.values(cb, self.accelerator.device) for cb in cbs]
-        detached = [v.detach() for v in values]
-        self._set_advantages(scored, self._turn_advantages(scored.rollout, cbs, scored.shaped_rewards, detached))
-        return {id(cb): v for cb, v in zip(cbs, values)}
 
     def _value_loss(
         self, cb: CriticBatch, target: ValueTargets, rows: torch.Tensor, cols: list[int], logs, values=None
@@ -583,3 +526,20 @@ class MultiAgentPPOTrainer(TeamTrainerBase):
                 )
                 out[f"{a}/critic/value_mean"] = float(s.value_table[:, :, i][mask].mean())
         return out
+
+
+def _entropy_of_first_forwards(scored: ScoredRollout, first: list) -> float:
+    """The batch's entropy estimate as scoring computes it (minus the sampled tokens' log-probs, summed per
+    episode), from the update's first forwards: `first` holds ((turn, agent), rows, log-probs) per policy loss, put
+    back in place per turn and agent and summed in the scoring pass's order (the same float)."""
+    pieces = defaultdict(list)
+    for key, rows, logp in first:
+        pieces[key].append((rows, logp))
+    total = 0
+    for t, turn in enumerate(scored.turns):
+        for a, st in turn.items():
+            full = torch.zeros(st.gen.response_ids.shape, device=st.gen.response_ids.device)
+            for rows, logp in pieces[(t, a)]:
+                full[rows] = logp
+            total = total + -full.sum()
+    return float(total) / scored.rollout.num_episodes

@@ -122,6 +122,22 @@ class MultiAgentPPOConfig(TeamConfig):
         kl_estimator (`str`, *optional*, defaults to `'k1'`):
             KL estimator: 'k1' (unbiased, high variance) or 'k3' (unbiased, lower variance).
 
+        > Parameters that switch the iteration's shortcuts (trl_collm/trainers/plan.py says when each applies)
+
+        old_logprobs_from_update (`bool`, *optional*, defaults to `True`):
+            When the update's first forward sees the sampling weights, each row once (one epoch, one minibatch) and
+            no KL term needs them up front, take the old log-probs from that forward (detached: the ratio is 1
+            there) instead of a scoring forward. Same numbers; False: always a scoring forward.
+        old_logprobs_from_sampler (`bool`, *optional*, defaults to `True`):
+            Otherwise take them from the sampler, which records the log-probs of what it samples (when the logits
+            are the model's and the backend records them). Equal up to float rounding; False: a scoring forward.
+        reuse_value_forward (`bool`, *optional*, defaults to `True`):
+            When every row is seen once in one micro-batch (and the joint schedule, turn-level advantages, no value
+            normalisation, no activation checkpointing, no DeepSpeed), compute the critic's values once with
+            gradients: the advantages come from their detached copy and the update's value loss backpropagates
+            them. Same numbers, one critic forward fewer; holds the critic's activations until the update. False:
+            a scoring forward and the update's own.
+
         > Fields kept from TRL's PPOConfig for compatibility (not read by this trainer)
 
         sft_model_path (`str`, *optional*, defaults to `'EleutherAI/pythia-160m'`):
@@ -256,6 +272,36 @@ class MultiAgentPPOConfig(TeamConfig):
     policy_loss_type: str = field(
         default=PresetDefault("ppo"),
         metadata={"help": "'ppo' (clipped ratio surrogate) or 'reinforce' (reference rule)."},
+    )
+    # ------------------------------------------------------------------ the iteration's shortcuts (trainers/plan.py)
+    old_logprobs_from_update: bool = field(
+        default=True,
+        metadata={
+            "help": (
+                "Take the old log-probs from the update's first forward (detached) when it sees the sampling weights, "
+                "each row once, and no KL term needs them up front (see trl_collm/trainers/plan.py). False: a "
+                "scoring forward."
+            )
+        },
+    )
+    old_logprobs_from_sampler: bool = field(
+        default=True,
+        metadata={
+            "help": (
+                "Otherwise take them from the sampler, which records them while sampling (logits as the model gives "
+                "them, a backend that records them). False: a scoring forward."
+            )
+        },
+    )
+    reuse_value_forward: bool = field(
+        default=True,
+        metadata={
+            "help": (
+                "When every row is seen once in one micro-batch, compute the critic's values once with gradients for "
+                "the advantages and the update's value loss (see trl_collm/trainers/plan.py). False: a scoring "
+                "forward and the update's own."
+            )
+        },
     )
     preset: str | None = field(
         default=None,

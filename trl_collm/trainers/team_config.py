@@ -91,8 +91,8 @@ class TeamConfig(_BaseConfig):
             forward where it cannot apply (see trl_collm/team/prefix.py).
         reuse_rollout_prefill (`bool`, *optional*, defaults to `True`):
             Run the rollout's prompt prefill with gradients and reuse it in the update, which then forwards only the
-            responses, when that gives the same numbers (one epoch, one minibatch, every row in one micro-batch; see
-            trl_collm/team/prompt_cache.py). Saves the update's prompt forward; holds every agent's prompt
+            responses, when that gives the same numbers (one epoch, one minibatch, every row in one micro-batch; when
+            it applies: trl_collm/trainers/plan.py). Saves the update's prompt forward; holds every agent's prompt
             activations from sampling to the update. False: the update forwards prompt and response (less memory).
         use_transformers_continuous_batching (`bool`, *optional*, defaults to `False`):
             Generate rollouts with transformers' continuous batching (`generate_batch`) instead of `generate()`; LoRA
@@ -310,9 +310,9 @@ class TeamConfig(_BaseConfig):
             "help": (
                 "Run the rollout's prompt prefill with gradients and reuse it in the update, which then forwards "
                 "only the responses, when that gives the same numbers (one epoch, one minibatch, every row in one "
-                "micro-batch; see trl_collm/team/prompt_cache.py). Saves the update's prompt forward; holds every "
-                "agent's prompt activations from sampling to the update. False: the update forwards prompt and "
-                "response (less memory)."
+                "micro-batch; when it applies: trl_collm/trainers/plan.py). Saves the update's prompt forward; "
+                "holds every agent's prompt activations from sampling to the update. False: the update forwards "
+                "prompt and response (less memory)."
             )
         },
     )

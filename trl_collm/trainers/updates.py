@@ -1,27 +1,35 @@
 """The update half of a trainer: the optimizer over per-module parameter groups, gradient clipping, and the update
 schedule (epochs x minibatches of played (episode, turn) pairs -> optimizer steps, each accumulated over
 micro-batches, with the non-finite guard), the importance-sampling weights the losses apply to vLLM-sampled rows,
-and the update's log-probs (`update_logprobs`, on the prompt prefill kept from sampling when `keeps_prompt_graph`).
-A trainer implements one hook, `step_losses`.
+the update's log-probs (`update_logprobs`, on the prompt prefill kept from sampling when the plan says so), and the
+iteration's plan (`plan_iteration`: which shortcuts it takes, trainers/plan.py). A trainer implements one hook,
+`step_losses`.
 
 `TeamUpdates` is mixed into `TeamTrainerBase`; it uses the trainer's `args`, `team`, `critic`, `accelerator`,
-`optimizer`, `lr_scheduler`, `callback_handler`, `state`, `control` and `nonfinite_steps`.
+`optimizer`, `lr_scheduler`, `callback_handler`, `state`, `control`, `nonfinite_steps`, `sampler` and `plan`.
 """
 
 from __future__ import annotations
 
 import inspect
+import logging
 from collections import defaultdict
 
 import torch
 from transformers import Trainer
 
 from .. import algorithms as alg
+from ..generation.backends import sampler_logits_are_the_models
 from ..numerics import gradients_finite
 from . import distributed
+from .plan import IterationPlan, PlanFacts, make_plan
+
+logger = logging.getLogger(__name__)
 
 
 class TeamUpdates:
+    plan: IterationPlan | None = None  # this iteration's shortcuts (`plan_iteration`); None before the first
+
     # ------------------------------------------------------------------ optimizer
     def param_groups(self) -> list[dict]:
         """One group per agent and per critic, so learning rates (and clipping) can differ by module."""
@@ -69,31 +77,31 @@ class TeamUpdates:
             if params:
                 torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm)
 
-    # ------------------------------------------------------------------ the prompt prefill kept from sampling
-    def keeps_prompt_graph(self, num_rows: int, one_look: bool) -> bool:
-        """Whether sampling may run the prompts' prefill with gradients and hand it to the update, which then
-        forwards only the responses (team/prompt_cache.py): the same numbers when every agent's first forward in
-        the update sees the weights that sampled and reads each row once (`one_look`: one epoch, one minibatch,
-        no earlier optimizer step of the iteration on that agent's weights) and the prefill's graph can wait for
-        the update (`graphs_can_wait_for_the_update`). Dropout is off in every module, so the sampling (eval) and
-        update (train) forwards agree. `reuse_rollout_prefill=False` switches it off. `num_rows`: the most
-        (row, turn) pairs the iteration can have."""
-        return (
-            self.args.reuse_rollout_prefill
-            and one_look
-            and self.graphs_can_wait_for_the_update(num_rows)
-            and self.sampler.backend.keeps_prompt_graph
+    # ------------------------------------------------------------------ the iteration's shortcuts (plan.py)
+    def plan_facts(self, num_pairs: float) -> PlanFacts:
+        """What this trainer knows that the plan needs; `num_pairs`: the most (row, turn) pairs of the iteration.
+        Before the sampler exists (its log-prob temperature is being chosen), it is assumed to record log-probs."""
+        team, sampler = self.team, getattr(self, "sampler", None)
+        return PlanFacts(
+            pairs=num_pairs,
+            micro_batch_rows=self.micro_batch_rows(),
+            deepspeed=self.is_deepspeed_enabled,
+            critic_shares_actor_weights=self.critic is not None and self.critic.shares_actor_weights(),
+            has_reference=any(team.has_reference(a) for a in team.names),
+            logits_are_the_models=all(sampler_logits_are_the_models(team.model_of(a)) for a in team.names),
+            sampler_records_logprobs=sampler is None
+            or (sampler.logprob_temperature is not None and sampler.backend.records_logprobs),
+            backend_keeps_prompt_graph=sampler is not None and sampler.backend.keeps_prompt_graph,
         )
 
-    def graphs_can_wait_for_the_update(self, num_pairs: int) -> bool:
-        """Whether graphs built before the update's first backward (the kept prompt prefill, the deferred critic
-        values) can be held until it: all `num_pairs` (row, turn) pairs in one micro-batch (each graph is
-        backpropagated once, in one loss), no activation checkpointing (a recomputation would run under whichever
-        adapter is active by then) and no DeepSpeed (ZeRO-3 gathers and releases the weights around each pass)."""
-        args = self.args
-        return (
-            num_pairs <= self.micro_batch_rows() and not args.activation_checkpointing and not self.is_deepspeed_enabled
-        )
+    def plan_iteration(self, num_pairs: float) -> IterationPlan:
+        """This iteration's plan (trainers/plan.py), kept as `self.plan`; logged at the first iteration and whenever
+        it changes."""
+        plan = make_plan(self.args, self.plan_facts(num_pairs))
+        if plan != self.plan:
+            logger.info("iteration plan (trl_collm/trainers/plan.py):\n%s", plan.describe())
+        self.plan = plan
+        return plan
 
     @staticmethod
     def prompt_cache_rows(gen, rows: torch.Tensor):
