@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from trl_collm import cli
-from trl_collm.cli.precheck import names_file
+from trl_collm.cli.precheck import kept_options, names_file
 
 from hang_guard import HANG_GUARD_S
 
@@ -32,8 +32,15 @@ def test_shipped_texts_are_the_parsers_own(monkeypatch):
         assert EXP_NAME.sub(r"\1 NAME)", shipped.read_text()) == built, FIX
         names = json.loads(Path(names_file(str(shipped))).read_text())
         assert set(names) == {a.dest for a in parser._actions} - {"help"}
+        options = kept_options(str(shipped))
+        assert options is not None and set(options["options"]) == {
+            f for a in parser._actions for f in a.option_strings if f.startswith("--") and a.dest != "help"
+        }
+        assert options["field_choices"] == cli.field_choices(kind)[0], FIX
     stale = set(os.listdir(cli.SHIPPED_HELP_DIR)) - {
-        f"{cli._help_key(k)[: -len('.txt')]}{ext}" for k in ("ppo", "mc") for ext in (".txt", ".names.json")
+        f"{cli._help_key(k)[: -len('.txt')]}{ext}"
+        for k in ("ppo", "mc")
+        for ext in (".txt", ".names.json", ".options.json")
     }
     assert not stale, f"texts of older option files are left: {sorted(stale)}; {FIX}"
 
@@ -62,3 +69,17 @@ def test_first_help_and_config_check_of_a_fresh_install_skip_the_heavy_imports(t
     assert refused.startswith("2 trl-collm: error:") and "learnin_rate" in refused, refused
     assert imported == "False False"
     assert not (tmp_path / "cache").exists()  # nothing was built, so nothing was kept
+
+
+def test_mc_help_hides_the_grpo_fields_it_only_parses_to_refuse():
+    """GRPOConfig's refused fields stay options (TRL's script passes them; a non-default is refused in one line) but
+    `--help` lists only what a user can set; GRPO's accepted names are listed."""
+    from trl_collm.trainers.grpo_fields import GRPORefusedFields
+
+    parser = cli._train_parser("mc", cli._config_cls("mc"))
+    text = parser.format_help()
+    refused = set(GRPORefusedFields.__dataclass_fields__)
+    assert len(refused) > 30 and {a.dest for a in parser._actions} >= refused
+    assert not [name for name in refused if re.search(rf"--{name}\b", text)]
+    for kept in ("min_p", "repetition_penalty", "generation_kwargs", "loss_type", "max_completion_length"):
+        assert f"--{kept} " in text, kept

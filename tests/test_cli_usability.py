@@ -570,9 +570,9 @@ def test_task_options_a_task_does_not_know_are_refused_even_behind_star_star_opt
 
 
 def test_validation_errors_are_said_before_transformers_or_torch_is_imported(tmp_path):
-    """A wrong task, model folder or config key costs a YAML parse, not the ~5 CPU s of importing transformers and
-    torch; an unknown task option costs the task module (torch, never transformers). The config-key check reads the
-    option names the last parser build kept (here the --help calls)."""
+    """A wrong task, model folder, config key, flag or flag value costs a YAML parse, not the ~5 CPU s of importing
+    transformers and torch; an unknown task option costs the task module (torch, never transformers). The config-key
+    and flag checks read what the last parser build kept (here the --help calls)."""
     (tmp_path / "typo.yaml").write_text("task: coord-penalty\nlearnin_rate: 0.1\n")
     env = dict(os.environ, PYTHONPATH=str(ROOT), TRL_COLLM_CACHE=str(tmp_path / "cache"))
     prime = "from trl_collm.cli import main; main(['ppo', '--help']); main(['mc', '--help'])"
@@ -582,6 +582,9 @@ def test_validation_errors_are_said_before_transformers_or_torch_is_imported(tmp
         ["ppo", "--config", CC_CPU, "--model_name_or_path", "./no/such/folder"],
         ["ppo", "--config", str(tmp_path / "typo.yaml")],
         ["mc", "--config", CC_CPU],
+        ["ppo", "--config", CC_CPU, "--bad_flag", "1"],
+        ["mc", "--loss_type", "foo"],
+        ["ppo", "--config", CC_CPU, "--learning_rate"],
         ["ppo", "--config", CC_CPU, "--task_options", '{"bogus": 1}'],
     ]
     code = (
@@ -597,10 +600,12 @@ def test_validation_errors_are_said_before_transformers_or_torch_is_imported(tmp
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, timeout=HANG_GUARD_S
     )
     got = json.loads(res.stdout.strip().splitlines()[-1])
-    assert [g[0] for g in got] == [2] * 5 and all(g[1].count("\n") == 0 for g in got), got
+    assert [g[0] for g in got] == [2] * 8 and all(g[1].count("\n") == 0 for g in got), got
     assert "unknown task 'nosuch'" in got[0][1] and "./no/such/folder: no such folder" in got[1][1]
     assert "`learnin_rate` is not an option of trl-collm ppo" in got[2][1]
     assert "not an option of trl-collm mc but of trl-collm ppo: run `trl-collm ppo --config" in got[3][1]
-    assert "takes no option 'bogus'" in got[4][1]
-    assert [g[2:] for g in got[:4]] == [[False, False]] * 4  # neither transformers nor torch for these
-    assert got[4][2] is False  # the task's module brought torch, still no transformers
+    assert "--bad_flag is not an option" in got[4][1] and "`loss_type`='foo' is not valid" in got[5][1]
+    assert "argument --learning_rate/--learning-rate: expected one argument" in got[6][1]
+    assert "takes no option 'bogus'" in got[7][1]
+    assert [g[2:] for g in got[:7]] == [[False, False]] * 7  # neither transformers nor torch for these
+    assert got[7][2] is False  # the task's module brought torch, still no transformers

@@ -10,7 +10,7 @@ import pytest
 
 from trl_collm import cli
 from trl_collm.cli import UsageError
-from trl_collm.cli.precheck import kept_help_text, kept_names, names_file, precheck
+from trl_collm.cli.precheck import kept_help_text, kept_names, kept_options, names_file, options_file, precheck
 
 
 @pytest.fixture
@@ -73,3 +73,69 @@ def test_the_kept_files_of_a_parser_build_are_read_back(cache, ppo_parser):
     assert kept_help_text(path, "ppo") == ppo_parser.format_help()
     with open(names_file(path)) as f:
         assert kept_names(path) == set(json.load(f)) == {a.dest for a in ppo_parser._actions} - {"help"}
+
+
+# Mistakes whose message the flag check (precheck.check_flags) must say in the parser's own words
+SAME_WORDS = [
+    ["ppo", "--learning_rate"],
+    ["ppo", "--agent_names"],
+    ["mc", "--num_generations", "abc"],
+    ["ppo", "--use_cpu", "maybe"],
+    ["ppo", "--lr_scheduler_type", "foo"],
+    ["mc", "--loss_type", "foo"],
+    ["ppo", "--policy_loss_type=clip"],
+]
+
+
+def _said(capsys, argv) -> str:
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0, err
+    return err
+
+
+def test_the_flag_check_says_what_the_parser_says_without_building_it(cache, capsys, monkeypatch):
+    """Each mistake is said first by the parser (nothing kept yet), then, from what that build kept, by the flag check
+    before any parser is built: the same line."""
+    by_parser = [_said(capsys, argv) for argv in SAME_WORDS]
+    assert all(kept_options(cli._help_file(k)) is not None for k in ("ppo", "mc"))
+
+    def no_parser(*a, **k):
+        raise AssertionError("the parser was built")
+
+    monkeypatch.setattr(cli, "_train_parser", no_parser)
+    assert [_said(capsys, argv) for argv in SAME_WORDS] == by_parser
+    assert "expected one argument" in by_parser[0] and "invalid choice: 'foo'" in by_parser[4]
+    assert "`loss_type`='foo' is not valid" in by_parser[5]
+    # unknown flags: the nearest name, or the other trainer's option
+    assert _said(capsys, ["ppo", "--learning_rte", "1"]).endswith(
+        "--learning_rte is not an option; did you mean --learning_rate? (trl-collm ppo --help lists the options)"
+    )
+    assert "--kl_coef is not an option of trl-collm mc but of trl-collm ppo" in _said(capsys, ["mc", "--kl_coef", "1"])
+    # MC's GRPO loss types that are not here: left to the config, which names the nearest
+    monkeypatch.undo()
+    assert "the nearest is loss_type='dapo'" in _said(capsys, ["mc", "--loss_type", "cispo"])
+
+
+def test_the_flag_check_lets_every_valid_spelling_through(cache, ppo_parser):
+    cli._keep_both("ppo", ppo_parser)
+    valid = [
+        ["--learning-rate=1e-3", "--use_cpu", "--bf16", "false", "--seed", "-1", "--agent_names", "a", "b"],
+        ["--no_plot", "--lr_scheduler_type", "cosine", "--task", "coord-penalty", "--num_ppo_epochs=2"],
+        ["--learn", "1e-3"],  # an abbreviation: argparse takes it (and says whether it is unique)
+        ["--centralized_value", "team", "--report_to", "none", "--dataset_source", "I,L"],
+    ]
+    for argv in valid:
+        precheck("ppo", argv, cli._help_file)
+
+
+@pytest.mark.parametrize("content", ["null", "[]", '{"options": {}}', '{"options": {"--task": 3}}'])
+def test_a_damaged_options_file_is_not_trusted(cache, ppo_parser, content):
+
+    cli._keep_both("ppo", ppo_parser)
+    _write(options_file(cli._help_file("ppo")), content)
+    assert kept_options(cli._help_file("ppo")) is None
+    precheck("ppo", ["--bad_flag", "1"], cli._help_file)  # left to the parser
+    cli._keep_both("ppo", ppo_parser)
+    with pytest.raises(UsageError, match="--bad_flag is not an option"):
+        precheck("ppo", ["--bad_flag", "1"], cli._help_file)

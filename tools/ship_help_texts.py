@@ -21,7 +21,7 @@ sys.argv[0] = "trl-collm.py"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from trl_collm.cli import SHIPPED_HELP_DIR, _config_cls, _help_key, _train_parser  # noqa: E402
+from trl_collm.cli import SHIPPED_HELP_DIR, _config_cls, _help_key, _train_parser, field_choices  # noqa: E402
 from trl_collm.cli.precheck import keep_option_names  # noqa: E402
 
 
@@ -34,7 +34,7 @@ def main() -> None:
         path = os.path.join(SHIPPED_HELP_DIR, _help_key(kind))
         with open(path, "w") as f:
             f.write(parser.format_help())
-        keep_option_names(path, parser)
+        keep_option_names(path, parser, *field_choices(kind))
         print(os.path.relpath(path, ROOT))
 
 

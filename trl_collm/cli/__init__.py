@@ -40,7 +40,15 @@ from .common import (
     user_errors,
 )
 from .evaluate import evaluate_team
-from .precheck import check_config_keys, keep_option_names, kept_help_text, kept_names, precheck, read_config
+from .precheck import (
+    check_config_keys,
+    keep_option_names,
+    kept_help_text,
+    kept_names,
+    kept_options,
+    precheck,
+    read_config,
+)
 
 
 def _check_push(args) -> bool:
@@ -102,10 +110,15 @@ _QUANTIZATION = (
 
 def _hidden_fields(config_cls) -> set[str]:
     """Fields `--help` leaves out: TrainingArguments fields that are refused unless default or do not apply here
-    (trainers/supported_args.py), and ModelConfig's quantization flags (refused)."""
+    (trainers/supported_args.py), GRPOConfig's fields that MC parses only to refuse (trainers/grpo_fields.py; TRL's
+    script passes them, docs/from-grpo.md lists them) and ModelConfig's quantization flags (refused)."""
+    from ..trainers.grpo_fields import GRPORefusedFields
     from ..trainers.supported_args import HONOURED, SUPPORT
 
-    return {name for name, sup in SUPPORT.items() if sup.status != HONOURED} | set(_QUANTIZATION)
+    hidden = {name for name, sup in SUPPORT.items() if sup.status != HONOURED} | set(_QUANTIZATION)
+    if issubclass(config_cls, GRPORefusedFields):
+        hidden |= set(GRPORefusedFields.__dataclass_fields__)
+    return hidden
 
 
 def _group_help(parser, config_cls) -> None:
@@ -234,7 +247,7 @@ def _keep_parser(kind: str, parser=None) -> str:
     is imported), so later --help calls and config-key checks of either command skip the heavy imports."""
     path = _help_cache_file(kind)
     parser = parser or _train_parser(kind, _config_cls(kind))
-    keep_option_names(path, parser)
+    keep_option_names(path, parser, *field_choices(kind))
     text = parser.format_help()
     with contextlib.suppress(OSError):  # a read-only home only costs the next --help its seconds
         os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -247,7 +260,8 @@ def _keep_parser(kind: str, parser=None) -> str:
 def _keep_both(kind: str, parser) -> None:
     _keep_parser(kind, parser)
     twin = "mc" if kind == "ppo" else "ppo"
-    if kept_help_text(_help_file(twin), twin) is None or kept_names(_help_file(twin)) is None:
+    twin_file = _help_file(twin)
+    if kept_help_text(twin_file, twin) is None or kept_names(twin_file) is None or kept_options(twin_file) is None:
         _keep_parser(twin)
 
 
@@ -258,6 +272,26 @@ def _print_help(kind: str) -> None:
         _keep_both(kind, parser)
         text = parser.format_help()
     print(text, end="")
+
+
+def field_choices(kind: str) -> tuple[dict, dict]:
+    """The trainer config's own choice fields (TEAM_CHOICES and its module's `*CHOICES` tables, checked in its
+    `_validate`) for the flag check before the parser, and the values it refuses with a message of its own (MC's
+    GRPO loss types that are not here: it names the nearest)."""
+    from ..trainers.team_config import TEAM_CHOICES
+
+    module = sys.modules[_config_cls(kind).__module__]
+    choices = dict(TEAM_CHOICES)
+    for name, table in vars(module).items():
+        if name.endswith("CHOICES") and isinstance(table, dict):
+            choices.update(table)
+    choices = {k: list(v) for k, v in choices.items() if all(isinstance(c, str) for c in v)}
+    explained = {}
+    if kind == "mc":
+        from ..trainers.grpo_fields import OTHER_GRPO_LOSS_TYPES
+
+        explained["loss_type"] = sorted(OTHER_GRPO_LOSS_TYPES)
+    return choices, explained
 
 
 def _config_cls(kind: str):
