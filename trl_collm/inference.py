@@ -15,15 +15,28 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Callable
 
 import torch
 
 from .generation.backends import make_backend
 from .generation.prompts import PromptSettings
 from .generation.sampler import GenerationBackend, Sampler, SamplingSettings
+from .quiet import library_quiet
 from .rollout import run_episodes
+from .team import saved
 from .team.agents import AgentTeam
-from .team.saved import TEAM_FILE, load_team, read_team_file  # noqa: F401  (the saved-team format lives there)
+from .team.saved import TEAM_FILE, read_team_file  # noqa: F401  (the saved-team format lives there)
+
+
+def load_team(
+    folder: str, base_model: str | None = None, device: str | torch.device | None = None, dtype=None
+) -> AgentTeam:
+    """`team.saved.load_team` (a saved team's agents for decentralized inference) without the library output a user
+    cannot act on: transformers' weight-loading bars, PEFT's known FutureWarning (trl_collm/quiet.py;
+    TRL_COLLM_VERBOSE=1 shows them)."""
+    with library_quiet():
+        return saved.load_team(folder, base_model=base_model, device=device, dtype=dtype)
 
 
 def saved_settings(folder: str, greedy: bool = True, **overrides) -> SamplingSettings:
@@ -58,13 +71,16 @@ def play(
     device=None,
     backend: GenerationBackend | None = None,
     prompts: PromptSettings | None = None,
+    batch_size: int | None = None,
+    progress: Callable[[int], None] | None = None,
 ) -> list[dict]:
     """Episodes run decentralized; returns one transcript per row: per turn each agent's prompt (as text, and as the
     token ids it was given, after its prompt limit), answer and reward.
 
     `settings`: how to sample (default: a loaded team's recorded settings, greedy; a team built in memory: greedy,
     64 new tokens). `prompts`: what shapes each prompt (default: a loaded team's record; else `PromptSettings()`,
-    the observation alone, no limit). `backend`: who samples (default: HF generate())."""
+    the observation alone, no limit). `backend`: who samples (default: HF generate()). `batch_size`: rows played
+    together (None: all at once); `progress(n)` is called after each batch with the n plays it finished."""
     device = device or next(team.parameters()).device
     recorded = team.description
     if settings is None:
@@ -73,10 +89,20 @@ def play(
     if prompts is None:
         prompts = PromptSettings.from_team_json(recorded) if recorded is not None else PromptSettings()
     sampler = Sampler(team, backend or make_backend(), settings, device, prompts=prompts)
-    with _eval_mode(team):
-        roll = run_episodes(sampler, env, rows, num_turns)
+    step = batch_size or len(rows) or 1
     transcripts = []
-    for e in range(len(rows)):
+    for start in range(0, len(rows), step):
+        with _eval_mode(team):
+            roll = run_episodes(sampler, env, rows[start : start + step], num_turns)
+        transcripts += _transcripts(team, roll, start)
+        if progress is not None:
+            progress(len(roll.rewards))
+    return transcripts
+
+
+def _transcripts(team: AgentTeam, roll, offset: int) -> list[dict]:
+    transcripts = []
+    for e in range(roll.rewards.shape[0]):
         turns = []
         for t, turn in enumerate(roll.turns):
             ids = turn[team.names[0]].episode_ids.tolist()
@@ -90,7 +116,7 @@ def play(
                     "agents": {a: _agent_io(turn[a], k) for a in team.names},
                 }
             )
-        transcripts.append({"episode": e, "return": roll.rewards[e].sum(0).tolist(), "turns": turns})
+        transcripts.append({"episode": offset + e, "return": roll.rewards[e].sum(0).tolist(), "turns": turns})
     return transcripts
 
 
