@@ -187,6 +187,20 @@ def test_the_flop_counter_counts_cpu_attention_and_matmuls_by_hand():
     assert counter.get_total_flops() - attention == 2 * 7 * 6 * 8 * 2
 
 
+def test_the_phase_floor_is_the_larger_of_arithmetic_and_weight_bytes_by_hand():
+    """bench_workload.phase_floors: at 100 GFLOP/s and 10 GB/s, 0.5 GFLOP is 5 ms and 80 MB is 8 ms (bytes bound);
+    2 GFLOP is 20 ms against 30 MB's 3 ms (flops bound); the total sums the phases' floors."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks", "speed"))
+    from bench_workload import phase_floors
+
+    floors = phase_floors(
+        dict(rollout=0.5, score_rollout=0.0, update=2.0), dict(rollout=80.0, update=30.0), gflops=100.0, bandwidth=10.0
+    )
+    assert floors["rollout"] == pytest.approx(8.0) and floors["rollout_bound"] == "bytes"
+    assert floors["update"] == pytest.approx(20.0) and floors["update_bound"] == "flops"
+    assert floors["total"] == pytest.approx(28.0)
+
+
 def test_bench_decode_gemm_smoke(tmp_path):
     """benchmarks/speed/bench_decode_gemm.py: one row count, one repeat; a line per row count with its three rates."""
     import re

@@ -25,6 +25,7 @@ def test_this_machine_is_described_and_measured():
     line = hardware.cpu_description()
     assert ("native bf16" in line) and (("no native" in line) != hardware.cpu_has_native_bf16())
     assert hardware.matmul_gflops(torch.float32, n=128, seconds=0.01) > 0
+    assert hardware.memory_gbs(mib=8, seconds=0.01) > 0
 
 
 def test_the_roofline_is_the_fastest_call_not_the_mean(monkeypatch):

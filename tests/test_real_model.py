@@ -363,3 +363,8 @@ def test_the_workload_benchmark_reports_each_phase_per_generated_token(smollm2_n
     assert g["rollout"] > 0 and g["update"] > 0 and g["generate"] > 0
     assert g["total"] >= g["rollout"] + g["score_rollout"] + g["update"] - 1e-9
     assert 0 < floor["total"] < ms["total"] and "measured/floor" in proc.stdout
+    # the weights each phase reads: the rollout decodes (a forward per new token) and the update runs with gradients
+    mb = row["weight_mb_per_token"]
+    assert (
+        mb["rollout"] > 0 and mb["update"] > 0 and {floor["rollout_bound"], floor["update_bound"]} <= {"flops", "bytes"}
+    )

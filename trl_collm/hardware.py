@@ -77,6 +77,26 @@ def matmul_gflops(dtype, n: int = 1024, seconds: float = 0.5) -> float:
     return 2 * n**3 / max(best, 1e-9) / 1e9
 
 
+def memory_gbs(mib: int = 256, seconds: float = 0.5) -> float:
+    """Measured memory bandwidth in GB per CPU-second (one thread): bytes read and written by the fastest copy of a
+    `mib` MiB float32 tensor, far larger than the caches, among the copies made in `seconds` (as `matmul_gflops`,
+    the fastest call: a roofline read low would put a benchmark's floor above what it measured)."""
+    import torch
+
+    src = torch.randn(mib * 2**20 // 4)
+    dst = torch.empty_like(src)
+    dst.copy_(src)  # warm-up: first touch of the pages
+    best, start = float("inf"), time.process_time()
+    while True:
+        t0 = time.process_time()
+        dst.copy_(src)
+        t1 = time.process_time()
+        best = min(best, t1 - t0)
+        if t1 - start >= seconds:
+            break
+    return 2 * src.numel() * 4 / max(best, 1e-9) / 1e9
+
+
 def _torch_default_threads() -> set[int]:
     """The counts torch starts with on this machine (one per core: physical or logical, within this process's
     affinity). A count outside them was set by someone: the user's own torch.set_num_threads."""

@@ -126,6 +126,8 @@ class PhaseTimer:
         self.flops: dict[str, int] = {}
         self.counter = None
         self.last_rollout = None
+        self.phase = None  # the phase running now (count_weight_passes attributes the model calls it sees to it)
+        self.passes: dict[str, int] = {}
         for phase, methods in PHASE_METHODS.items():
             method = next(m for m in methods if hasattr(trainer, m))
             setattr(trainer, method, self._wrap(phase, getattr(trainer, method)))
@@ -136,7 +138,11 @@ class PhaseTimer:
             _sync(self.device)
             t0, c0 = time.perf_counter(), time.process_time()
             f0 = self.counter.get_total_flops() if self.counter is not None else 0
-            out = fn(*args, **kwargs)
+            outer, self.phase = self.phase, name
+            try:
+                out = fn(*args, **kwargs)
+            finally:
+                self.phase = outer
             _sync(self.device)
             self.times[name] = self.times.get(name, 0.0) + time.perf_counter() - t0
             self.cpu_times[name] = self.cpu_times.get(name, 0.0) + time.process_time() - c0
@@ -152,6 +158,27 @@ class PhaseTimer:
         self.times = {}
         self.cpu_times = {}
         self.flops = {}
+        self.passes = {}
+
+    def count_weight_passes(self, module) -> int:
+        """Count, per phase, how often the decoder layers' weights of `module` are read: once per forward of a
+        layer stack, once more when it runs with gradients (its backward reads them again). Returns the bytes one
+        pass reads (the layers' parameters, not the embeddings: a lower bound of what a forward moves)."""
+        import torch
+
+        self.passes = {}
+        stacks = [m for m in module.modules() if isinstance(getattr(m, "layers", None), torch.nn.ModuleList)]
+        stacks = [m for m in stacks if not any(m is not o and m in set(o.modules()) for o in stacks)]  # outermost
+
+        def hook(stack, args, kwargs):
+            if self.phase is not None:
+                self.passes[self.phase] = self.passes.get(self.phase, 0) + (2 if torch.is_grad_enabled() else 1)
+
+        for stack in stacks:
+            stack.register_forward_pre_hook(hook, with_kwargs=True)
+        # one stack is the shared base every agent and the critic run through (a LoRA team); bytes of its layers
+        stack = stacks[0] if stacks else module
+        return sum(p.numel() for layer in getattr(stack, "layers", []) for p in layer.parameters())
 
 
 # ---------------------------------------------------------------------------------------------- one config

@@ -119,6 +119,8 @@ def child(opts) -> dict:
             opts.workload, opts.batch, opts.response_length, bf16, out_dir, opts.activation_checkpointing
         )
         timer = PhaseTimer(trainer, "cpu")
+        layer_params = timer.count_weight_passes(trainer.team)
+        weight_bytes = layer_params * (2 if bf16 else 4)  # bf16 runs read the frozen base's bf16 copies
         autocast_seen = set()  # what the update really ran under: the measurement's label is checked against it
         update_method = next(m for m in PHASE_METHODS["update"] if hasattr(trainer, m))  # PPO: update, MC: run_updates
         update = getattr(trainer, update_method)
@@ -143,8 +145,11 @@ def child(opts) -> dict:
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
                 gen_cpu, gen_tokens = _bare_generate(trainer, roll, opts.response_length)
             if i >= opts.warmup:
+                moved = {k: n * weight_bytes for k, n in timer.passes.items()}
                 results.append(
-                    dict(total=total, tokens=made, gen_cpu=gen_cpu, gen_tokens=gen_tokens, **timer.cpu_times)
+                    dict(
+                        total=total, tokens=made, gen_cpu=gen_cpu, gen_tokens=gen_tokens, bytes=moved, **timer.cpu_times
+                    )
                 )
         gflop = None
         if opts.count_flops:  # one more iteration, counted and not timed: the counter's Python slows every op
@@ -161,8 +166,13 @@ def child(opts) -> dict:
             gflop.update(total=total_flops / made / 1e9, generate=gen_flops / gen_tokens / 1e9)
     ms = {k: statistics.median(1000 * r.get(k, 0.0) / r["tokens"] for r in results) for k in PHASES}
     ms["generate"] = statistics.median(1000 * r["gen_cpu"] / r["gen_tokens"] for r in results)
+    mb = {
+        k: statistics.median(r["bytes"].get(k, 0) / r["tokens"] / 1e6 for r in results) for k in PHASES if k != "total"
+    }
+    mb["total"] = sum(mb.values())
     return dict(
         ms_per_token=ms,
+        weight_mb_per_token=mb,
         gflop_per_token=gflop,
         tokens=results[0]["tokens"],
         autocast=sorted(autocast_seen),
@@ -177,16 +187,30 @@ def child(opts) -> dict:
 PHASES = ("total", "rollout", "score_rollout", "update")
 
 
+def phase_floors(gflop: dict, weight_mb: dict, gflops: float, bandwidth: float) -> dict:
+    """Per phase (rollout, score_rollout, update), the CPU ms per token of the larger of its arithmetic at `gflops`
+    and its weight bytes at `bandwidth` GB/s, with which one bounds it (`<phase>_bound`: "flops" or "bytes");
+    `total` is the phases' sum."""
+    out = {}
+    for phase in ("rollout", "score_rollout", "update"):
+        compute_ms = 1000 * gflop.get(phase, 0.0) / gflops
+        memory_ms = weight_mb.get(phase, 0.0) / bandwidth  # MB / (GB/s) = ms
+        out[phase] = max(compute_ms, memory_ms)
+        out[phase + "_bound"] = "bytes" if memory_ms > compute_ms else "flops"
+    out["total"] = out["rollout"] + out["score_rollout"] + out["update"]
+    return out
+
+
 def roofline() -> tuple[str, dict[str, float]]:
     """This machine's flags and its one-thread 1024 x 1024 matmul rate per compute dtype (GFLOP per CPU-second)."""
     import torch
 
     torch.set_num_threads(1)
-    from trl_collm.hardware import cpu_description, matmul_gflops
+    from trl_collm.hardware import cpu_description, matmul_gflops, memory_gbs
 
-    rate = dict(fp32=matmul_gflops(torch.float32), bf16=matmul_gflops(torch.bfloat16))
+    rate = dict(fp32=matmul_gflops(torch.float32), bf16=matmul_gflops(torch.bfloat16), memory=memory_gbs())
     text = f"{cpu_description()}; one thread, 1024x1024 matmul: float32 {rate['fp32']:.0f} GFLOP/s, "
-    text += f"bf16 {rate['bf16']:.0f} GFLOP/s"
+    text += f"bf16 {rate['bf16']:.0f} GFLOP/s; memory {rate['memory']:.1f} GB/s (a 256 MiB copy)"
     return text, rate
 
 
@@ -224,6 +248,7 @@ def main():
     trees = [ROOT, *[os.path.abspath(t) for t in opts.against]]
     pairs = [(t, c) for t in trees for c in opts.compute]
     roof_text, rate = roofline()
+    bandwidth = rate["memory"]
     print(roof_text, flush=True)
     got: dict = {pair: [] for pair in pairs}
     for r in range(opts.rounds):
@@ -266,8 +291,11 @@ def main():
         )
         gflop = got[(tree, compute)][0].get("gflop_per_token")
         if gflop:  # the floor: that arithmetic at the 1024 x 1024 matmul's rate, every FLOP as fast as the best GEMM
+            mb = got[(tree, compute)][0].get("weight_mb_per_token") or {}
             rows[-1].update(
-                gflop_per_token=gflop, floor_ms_per_token={k: 1000 * v / rate[compute] for k, v in gflop.items()}
+                gflop_per_token=gflop,
+                weight_mb_per_token=mb,
+                floor_ms_per_token=phase_floors(gflop, mb, rate[compute], bandwidth),
             )
     base = rows[0]["ms_per_token"]["total"]
     print(
@@ -288,19 +316,24 @@ def main():
         )
     if opts.count_flops:
         print(
-            "\nArithmetic (torch's FlopCounterMode over one more iteration): GFLOP per generated token, and the floor: "
-            "the CPU ms per token that arithmetic takes at this machine's 1024x1024 matmul rate"
+            "\nThe floor per phase, a roofline: the larger of its arithmetic (torch's FlopCounterMode over one more "
+            f"iteration) at this machine's 1024x1024 matmul rate and the weights it reads (decoder layers, once per "
+            f"forward, twice with gradients) at {bandwidth:.1f} GB/s; per generated token; the bound in brackets"
         )
         print(
-            f"{'tree':<28} {'compute':<7} {'iteration':>9} {'rollout':>8} {'update':>7} {'bare gen':>8} "
+            f"{'tree':<28} {'compute':<7} {'GFLOP':>6} {'weight MB':>9} {'rollout floor':>16} {'update floor':>16} "
             f"{'floor ms':>8} {'measured/floor':>14}"
         )
         for r in rows:
-            g, floor = r["gflop_per_token"], r["floor_ms_per_token"]["total"]
+            g, mb, floors = r["gflop_per_token"], r.get("weight_mb_per_token", {}), r["floor_ms_per_token"]
+            cells = [
+                f"{floors[k]:.1f} ({floors[k + '_bound']}) x{r['ms_per_token'][k] / floors[k]:.1f}"
+                for k in ("rollout", "update")
+            ]
             print(
-                f"{os.path.basename(r['tree']) or r['tree']:<28} {r['compute']:<7} {g['total']:>9.2f} "
-                f"{g['rollout']:>8.2f} {g['update']:>7.2f} {g['generate']:>8.2f} {floor:>8.1f} "
-                f"{r['ms_per_token']['total'] / floor:>13.2f}x"
+                f"{os.path.basename(r['tree']) or r['tree']:<28} {r['compute']:<7} {g['total']:>6.2f} "
+                f"{mb.get('total', 0.0):>9.1f} {cells[0]:>16} {cells[1]:>16} {floors['total']:>8.1f} "
+                f"{r['ms_per_token']['total'] / floors['total']:>13.2f}x"
             )
     if opts.json:
         with open(opts.json, "w") as f:
