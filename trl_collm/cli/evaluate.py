@@ -230,8 +230,8 @@ def evaluate_team(argv: list[str], play_mode: bool = False):
     progress = PlayProgress(len(rows), quiet=opts_ns.quiet, every=opts_ns.progress_every)
     try:
         transcripts = play(
-            team, env, rows, num_turns, settings, backend=backend, prompts=prompts, batch_size=opts_ns.batch_size,
-            progress=progress,
+            team, env, rows, num_turns=num_turns, settings=settings, backend=backend, prompts=prompts,
+            batch_size=opts_ns.batch_size, progress=progress,
         )  # fmt: skip
     finally:
         progress.close()
