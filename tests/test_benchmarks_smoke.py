@@ -201,6 +201,18 @@ def test_the_phase_floor_is_the_larger_of_arithmetic_and_weight_bytes_by_hand():
     assert floors["total"] == pytest.approx(28.0)
 
 
+def test_bench_decode_step_smoke(tmp_path):
+    """benchmarks/speed/bench_decode_step.py --smoke: the tiny model, each variant in both dtypes, plain at 1.00x."""
+    out = tmp_path / "step.json"
+    stdout = run_script(["benchmarks/speed/bench_decode_step.py", "--smoke", "--json", str(out)], tmp_path)
+    result = json.loads(out.read_text())["ms_per_step"]
+    assert set(result) == {"bf16", "fp32"}
+    for dtype in result.values():
+        assert set(dtype) == {"plain", "decode cache", "+ stacked LoRA", "one adapter", "no adapter"}
+        assert all(ms > 0 for ms in dtype.values())
+    assert stdout.count("plain                 ") == 2 and "1.00x" in stdout
+
+
 def test_bench_decode_gemm_smoke(tmp_path):
     """benchmarks/speed/bench_decode_gemm.py: one row count, one repeat; a line per row count with its three rates."""
     import re
