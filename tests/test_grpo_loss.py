@@ -23,6 +23,19 @@ def _reward(prompts, completions, **kw):
     return [float(len(c)) for c in completions]
 
 
+def _shared(loss_type: str, beta: float) -> dict:
+    """The settings both sides run with (each side's own batch size and run settings apart)."""
+    return dict(
+        loss_type=loss_type,
+        beta=beta,
+        epsilon=0.2,
+        epsilon_high=0.28,
+        max_completion_length=LENGTH,
+        num_generations=G,
+        temperature=0.9,
+    )
+
+
 def _trl_trainer(path, tmp_path, loss_type, beta):
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
@@ -32,14 +45,8 @@ def _trl_trainer(path, tmp_path, loss_type, beta):
         use_cpu=True,
         bf16=False,
         report_to=[],
-        loss_type=loss_type,
-        beta=beta,
-        epsilon=0.2,
-        epsilon_high=0.28,
-        max_completion_length=LENGTH,
-        num_generations=G,
         per_device_train_batch_size=G,
-        temperature=0.9,
+        **_shared(loss_type, beta),
     )
     trainer = GRPOTrainer(
         model=path, reward_funcs=_reward, args=args, train_dataset=Dataset.from_dict({"prompt": [PROMPT] * 4})
@@ -55,14 +62,8 @@ def _our_trainer(path, tmp_path, loss_type, beta):
 
     args = MultiAgentMCConfig(
         **dict(CPU_RUN_SETTINGS, output_dir=str(tmp_path / "ours")),
-        loss_type=loss_type,
-        beta=beta,
-        epsilon=0.2,
-        epsilon_high=0.28,
-        max_completion_length=LENGTH,
-        num_generations=G,
         per_device_train_batch_size=1,
-        temperature=0.9,
+        **_shared(loss_type, beta),
         reuse_rollout_prefill=False,
         seed=0,
     )
