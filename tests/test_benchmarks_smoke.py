@@ -247,3 +247,42 @@ def test_bench_precisions_smoke_and_a_really_quantized_int8_layer(tmp_path):
         exact, quantized = x @ w.T, layer(x)
     err = (quantized - exact).abs().max().item()
     assert 0 < err < 0.05 * exact.abs().max().item()  # int8 rounding: close to float32, not equal to it
+
+
+def _check_mc_vs_grpo(record: dict, sides: set[str], steps: int, dtype: str):
+    assert set(record["summary"]) == sides and record["args"]["dtype"] == dtype
+    for side, s in record["summary"].items():
+        assert s["cpu_s_per_completion"] > 0 and s["peak_rss_mib"] > 0
+        assert len(s["reward_curve"]) == steps
+        phases = s["phase_cpu_s_per_completion"]
+        assert set(phases) == {"rollout", "loss", "optimizer", "other"}
+        assert phases["rollout"] > 0 and phases["loss"] > 0 and phases["optimizer"] > 0, (side, phases)
+        matmul = "torch.bfloat16" if dtype == "bf16" else "torch.float32"
+        assert s["matmul_dtype_by_phase"]["loss"] == [matmul], (side, s["matmul_dtype_by_phase"])
+
+
+def test_mc_vs_grpo_smoke(tmp_path):
+    """benchmarks/compare/vs_trl/mc_vs_grpo.py on the tiny model: both sides (GRPO's loss on both), one round, the
+    CPU seconds per completion by phase, and one profiled run per side whose operators are charged to the phases."""
+    path = tmp_path / "grpo.json"
+    args = ["--rounds", "1", "--steps", "2", "--prompts", "2", "--group", "2", "--completion-length", "4"]
+    stdout = run_script(
+        ["benchmarks/compare/vs_trl/mc_vs_grpo.py", *args, "--sides", "ours", "trl", "--profile", "3"]
+        + ["--json", str(path)],
+        tmp_path,
+    )
+    record = json.loads(path.read_text())
+    _check_mc_vs_grpo(record, {"ours", "trl"}, steps=2, dtype="fp32")
+    for side in ("ours", "trl"):
+        table = record["profiles"][side]["profile_top_ops_ms"]
+        assert {"rollout", "loss", "optimizer"} <= set(table), table
+    assert "CPU s/compl" in stdout and "profile, trl" in stdout
+
+
+def test_mc_vs_grpo_real_model_lora_bf16_smoke(tmp_path, smollm2_path):
+    """The real model with LoRA under bf16 autocast on both sides (slow: the real model asks for its fixture)."""
+    path = tmp_path / "grpo.json"
+    args = ["--model", smollm2_path, "--lora", "--dtype", "bf16", "--rounds", "1", "--steps", "1"]
+    args += ["--prompts", "1", "--group", "2", "--completion-length", "3", "--sides", "ours", "trl"]
+    run_script(["benchmarks/compare/vs_trl/mc_vs_grpo.py", *args, "--json", str(path)], tmp_path)
+    _check_mc_vs_grpo(json.loads(path.read_text()), {"ours", "trl"}, steps=1, dtype="bf16")
