@@ -148,9 +148,13 @@ def test_a_range_declared_beside_a_new_field_is_enforced_and_the_cli_still_parse
 
 @pytest.mark.parametrize("cls", [MultiAgentPPOConfig, MultiAgentMCConfig])
 def test_every_numeric_field_we_declare_states_its_range(cls):
-    """Every int / float field carries its range beside it, except TrainingArguments' (in `INHERITED_RANGES`)."""
+    """Every int / float field carries its range beside it, except TrainingArguments' (in `INHERITED_RANGES`) and
+    GRPOConfig's refused fields, whose one accepted value is GRPO's default (`grpo_fields.check_grpo_fields`)."""
+    from trl_collm.trainers.grpo_fields import GRPORefusedFields
+
     hints = typing.get_type_hints(cls, include_extras=True)
-    numeric = [n for n in _numeric_fields(cls) if n not in INHERITED_RANGES]
+    refused = set(GRPORefusedFields.__dataclass_fields__)
+    numeric = [n for n in _numeric_fields(cls) if n not in INHERITED_RANGES and n not in refused]
     assert {"gamma", "learning_rate", "lam" if cls is MultiAgentPPOConfig else "epsilon"} <= set(numeric)
     missing = [n for n in numeric if not any(isinstance(m, Range) for m in getattr(hints[n], "__metadata__", ()))]
     assert not missing, f"numeric fields without Annotated[..., <range>]: {missing}"
