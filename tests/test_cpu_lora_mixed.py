@@ -7,7 +7,7 @@ import torch
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM
 
-from trl_collm.cpu.lora_mixed import stack_mixed_lora_batches
+from trl_collm.cpu.lora_mixed import stack_mixed_lora_batches, stacks_kept
 from trl_collm.testing import tiny_model_dir
 
 NAMES = ["alice", "bob", "__base__", "bob", "alice"]
@@ -58,15 +58,29 @@ def test_under_cpu_bf16_autocast_the_outputs_match_peft_to_bf16_rounding():
     torch.testing.assert_close(stacked, plain, rtol=2e-2, atol=2e-2)
 
 
-def test_kept_stacks_follow_a_weight_update_and_gradients_match_peft():
+def test_stacks_are_kept_within_a_decoding_pass_only_and_gradients_match_peft():
     model, ids = _team(), _inputs()
     stack_mixed_lora_batches(model)
+    layers = [m for m in model.modules() if hasattr(m, "_collm_stacked")]
+
+    def stacks():
+        return [m._collm_stacked_weights for m in layers]
+
     with torch.no_grad():
-        before = _logits(model, ids)
+        with stacks_kept():
+            before = _logits(model, ids)
+            first = stacks()
+            _logits(model, ids)
+            assert all(a is b for a, b in zip(first, stacks())) and first[0] is not None  # stacked once per pass
+        _logits(model, ids)
+        assert all(kept is None for kept in stacks())  # outside a pass nothing is kept
         for name, p in model.named_parameters():
             if "lora_B" in name and "bob" in name:
-                p.add_(0.5)  # an in-place step, as an optimizer takes: the kept stacks must be rebuilt
-        after = _logits(model, ids)
+                p.data.add_(
+                    0.5
+                )  # a write no version counter sees (as DeepSpeed's optimizer writes): a new pass sees it
+        with stacks_kept():
+            after = _logits(model, ids)
     assert not torch.allclose(after[1], before[1], atol=1e-3) and torch.allclose(after[0], before[0], atol=1e-6)
     plain_model = _team()
     with torch.no_grad():

@@ -64,6 +64,7 @@ def step_ms(team, ids, variant: str, steps: int) -> float:
     from transformers import DynamicCache
 
     from trl_collm.cpu.kv_cache import DecodeCache
+    from trl_collm.cpu.lora_mixed import stacks_kept
     from trl_collm.team.prefix import cache_keyword, position_ids_from_mask
 
     rows = ids.shape[0]
@@ -73,7 +74,7 @@ def step_ms(team, ids, variant: str, steps: int) -> float:
     mask = torch.ones_like(ids)
     positions = position_ids_from_mask(mask)
     off = team.disable_adapter() if variant == "no adapter" else contextlib.nullcontext()
-    with off:
+    with off, stacks_kept():  # one decoding pass, as the generate backend runs it
         team(input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=1, use_cache=True,
              **extra, **{cache_keyword(team): cache})  # fmt: skip
         token = ids[:, -1:]

@@ -20,6 +20,7 @@ allows mixed batches in eval mode only, so dropout is off); any other layer or c
 
 from __future__ import annotations
 
+import contextlib
 import types
 
 import torch
@@ -50,19 +51,36 @@ def _stacked_mixed_batch_forward(self, x: torch.Tensor, *args, adapter_names: li
     return result + F.linear(hidden, b_all).to(result.dtype)
 
 
+# Stacks are kept only inside `stacks_kept()` (one decoding pass, whose weights cannot change): outside it a write
+# that no version counter sees (`p.data.copy_`, as DeepSpeed's optimizers and some loaders do) would leave a kept
+# stack stale, so every call rebuilds them.
+_SCOPE = {"depth": 0, "pass": 0}
+
+
+@contextlib.contextmanager
+def stacks_kept():
+    """Within this block the LoRA weights do not change (a generate() call): each layer stacks its adapters once."""
+    if _SCOPE["depth"] == 0:
+        _SCOPE["pass"] += 1
+    _SCOPE["depth"] += 1
+    try:
+        yield
+    finally:
+        _SCOPE["depth"] -= 1
+
+
 def _stacked_weights(layer, adapters: tuple[str, ...]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(n * r, in) and (out, n * r): the adapters' A rows and scaled B columns side by side. Without gradients the
-    pair is kept until a weight changes (an optimizer step bumps its version); with gradients it is rebuilt, so
-    backward reaches each adapter's weights."""
-    weights = [w for a in adapters for w in (layer.lora_A[a].weight, layer.lora_B[a].weight)]
-    key = (adapters, tuple((w.data_ptr(), w._version) for w in weights), tuple(layer.scaling[a] for a in adapters))
+    """(n * r, in) and (out, n * r): the adapters' A rows and scaled B columns side by side; kept for the rest of
+    the decoding pass inside `stacks_kept()` without gradients, rebuilt otherwise (with gradients, so that backward
+    reaches each adapter's weights)."""
+    keep = _SCOPE["depth"] > 0 and not torch.is_grad_enabled()
+    key = (adapters, _SCOPE["pass"])
     kept = getattr(layer, "_collm_stacked_weights", None)
-    if kept is not None and kept[0] == key and not torch.is_grad_enabled():
+    if keep and kept is not None and kept[0] == key:
         return kept[1]
     a_all = torch.cat([layer.lora_A[a].weight for a in adapters], dim=0)
     b_all = torch.cat([layer.lora_B[a].weight * layer.scaling[a] for a in adapters], dim=1)
-    if not torch.is_grad_enabled():
-        layer._collm_stacked_weights = (key, (a_all, b_all))
+    layer._collm_stacked_weights = (key, (a_all, b_all)) if keep else None
     return a_all, b_all
 
 

@@ -26,6 +26,7 @@ import weakref
 
 import torch
 
+from ..cpu.lora_mixed import stacks_kept
 from ..team.modeling import base_model_of
 from ..team.prefix import decode_cache_kwargs
 from ..team.prompt_cache import PromptCache, prefill
@@ -108,6 +109,10 @@ class GenerateBackend(GenerationBackend):
         return cls(options.local_rollout_forward_batch_size, options.share_prompt_prefix)
 
     def generate(self, request: GenerationRequest) -> Sampled:
+        with stacks_kept():  # the weights are fixed for this call: mixed LoRA batches stack each layer once
+            return self._generate(request)
+
+    def _generate(self, request: GenerationRequest) -> Sampled:
         from transformers import LogitsProcessorList
 
         from ..team.prefix import generate_with_prefix
