@@ -117,7 +117,7 @@ def test_generate_with_prefix_hands_generate_a_decode_cache_and_keeps_its_tokens
     monkeypatch.setattr(model, "generate", spy)
     torch.manual_seed(0)
     fast = prefix.generate_with_prefix(model, ids, mask, dict(kwargs), enabled=False)
-    monkeypatch.setattr(prefix, "decode_cache_kwargs", lambda m, kw, cache=None: {})
+    monkeypatch.setattr(prefix, "decode_cache_kwargs", lambda m, kw, keys=None, values=None: {})
     torch.manual_seed(0)
     plain = prefix.generate_with_prefix(model, ids, mask, dict(kwargs), enabled=False)
     assert seen == ["DecodeCache", "NoneType"]

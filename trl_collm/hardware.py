@@ -56,45 +56,40 @@ def cpu_description() -> str:
     return f"{platform.machine()} {vector}, {bf16}"
 
 
+def fastest_cpu_seconds(call, seconds: float) -> float:
+    """CPU seconds of the fastest of the calls to `call` made in `seconds` (after one warm-up call). CPU time, not
+    wall: on a shared machine it is what the cores do while this process holds them; the fastest call, not the mean,
+    because neighbours sharing the caches slow some calls, and a roofline read low would put a benchmark's floor
+    above what it measured."""
+    call()  # warm-up: first call allocates, touches the pages, picks a kernel
+    best, start = float("inf"), time.process_time()
+    while True:
+        t0 = time.process_time()
+        call()
+        t1 = time.process_time()
+        best = min(best, t1 - t0)
+        if t1 - start >= seconds:
+            return max(best, 1e-9)
+
+
 def matmul_gflops(dtype, n: int = 1024, seconds: float = 0.5) -> float:
-    """Measured GFLOP per CPU-second of an n x n matmul in ``dtype`` (a roofline for benchmarks), from the fastest of
-    the calls made in ``seconds``. CPU time, not wall: on a shared machine it is what the cores do while this process
-    holds them (on one thread, GFLOP/s); the fastest call, not the mean, because neighbours sharing the caches slow
-    some calls, and a roofline read low would put a benchmark's floor above what it measured."""
+    """Measured GFLOP per CPU-second of an n x n matmul in ``dtype`` (a roofline for benchmarks; on one thread,
+    GFLOP/s), from the fastest call (`fastest_cpu_seconds`)."""
     import torch
 
     a = torch.randn(n, n).to(dtype)
     b = torch.randn(n, n).to(dtype)
-    a @ b  # warm-up: first call allocates and picks a kernel
-    best, start = float("inf"), time.process_time()
-    while True:
-        t0 = time.process_time()
-        a @ b
-        t1 = time.process_time()
-        best = min(best, t1 - t0)
-        if t1 - start >= seconds:
-            break
-    return 2 * n**3 / max(best, 1e-9) / 1e9
+    return 2 * n**3 / fastest_cpu_seconds(lambda: a @ b, seconds) / 1e9
 
 
 def memory_gbs(mib: int = 256, seconds: float = 0.5) -> float:
     """Measured memory bandwidth in GB per CPU-second (one thread): bytes read and written by the fastest copy of a
-    `mib` MiB float32 tensor, far larger than the caches, among the copies made in `seconds` (as `matmul_gflops`,
-    the fastest call: a roofline read low would put a benchmark's floor above what it measured)."""
+    `mib` MiB float32 tensor, far larger than the caches (`fastest_cpu_seconds`)."""
     import torch
 
     src = torch.randn(mib * 2**20 // 4)
     dst = torch.empty_like(src)
-    dst.copy_(src)  # warm-up: first touch of the pages
-    best, start = float("inf"), time.process_time()
-    while True:
-        t0 = time.process_time()
-        dst.copy_(src)
-        t1 = time.process_time()
-        best = min(best, t1 - t0)
-        if t1 - start >= seconds:
-            break
-    return 2 * src.numel() * 4 / max(best, 1e-9) / 1e9
+    return 2 * src.numel() * 4 / fastest_cpu_seconds(lambda: dst.copy_(src), seconds) / 1e9
 
 
 def _torch_default_threads() -> set[int]:

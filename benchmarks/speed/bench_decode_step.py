@@ -47,12 +47,9 @@ def build_team(model_path: str, bf16: bool):
         for name, p in team.named_parameters():
             if "lora_B" in name:
                 p.copy_(torch.randn(p.shape, generator=g) * 0.01)
-    if bf16:
-        from trl_collm.cpu.attention import use_float32_cpu_attention
-        from trl_collm.cpu.autocast_cache import cache_frozen_linears
+    from trl_collm.cpu import adapt_for_cpu
 
-        cache_frozen_linears(team)
-        use_float32_cpu_attention(team)
+    adapt_for_cpu(team, bf16=bf16)  # as the trainers run on a CPU (measure() switches the stacked LoRA per variant)
     return team.eval()
 
 

@@ -39,7 +39,7 @@ def _stackable(layer, names: set[str]) -> bool:
 
 def _stacked_mixed_batch_forward(self, x: torch.Tensor, *args, adapter_names: list[str], **kwargs) -> torch.Tensor:
     names = set(adapter_names)
-    if any(kwargs.get(k) is not None for k in ("alora_offsets",)) or not _stackable(self, names):
+    if kwargs.get("alora_offsets") is not None or not _stackable(self, names):
         return type(self)._mixed_batch_forward(self, x, *args, adapter_names=adapter_names, **kwargs)
     kwargs.pop("alora_offsets", None)
     result = self.base_layer(x, *args, **kwargs)

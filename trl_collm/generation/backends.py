@@ -170,7 +170,7 @@ class GenerateBackend(GenerationBackend):
         out = r.model.generate(
             input_ids=torch.cat([placeholder, ids[:, -1:]], dim=1),
             attention_mask=torch.cat([decode.mask, torch.ones_like(mask[:, -1:])], dim=1),
-            **decode_cache_kwargs(r.model, kwargs, decode.dynamic_cache()),
+            **decode_cache_kwargs(r.model, kwargs, decode.keys, decode.values),
             **kwargs,
         )
         for name, cache in zip(groups, pieces):

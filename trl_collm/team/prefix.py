@@ -376,19 +376,24 @@ def generate_with_prefix(
     out = model.generate(
         input_ids=laid_out,
         attention_mask=split.attention_mask,
-        **decode_cache_kwargs(model, gen_kwargs, cache),
+        **decode_cache_kwargs(model, gen_kwargs, [la.keys for la in cache.layers], [la.values for la in cache.layers]),
         **gen_kwargs,
     )
     return torch.cat([ids, out[:, laid_out.shape[1] :]], dim=1)
 
 
-def decode_cache_kwargs(model: nn.Module, gen_kwargs: dict, cache=None) -> dict:
+def decode_cache_kwargs(model: nn.Module, gen_kwargs: dict, keys=None, values=None) -> dict:
     """generate()'s cache argument: an in-place decoding cache (`cpu/kv_cache.py`, the same tokens as transformers'
-    own cache) with room for the call's new tokens, holding the keys and values of `cache` (a prefill's layered
-    cache) when given; for a model it does not fit, `cache` as it is (or nothing: generate() makes its own)."""
+    own cache) with room for the call's new tokens, holding a prefill's per-layer `keys` / `values` when given; for
+    a model it does not fit, those in a transformers DynamicCache (or nothing: generate() makes its own)."""
     reserve = int(gen_kwargs.get("max_new_tokens") or 0)
     if full_attention_decoder(model) and reserve > 0:
-        layers = [] if cache is None else cache.layers
-        keys, values = [layer.keys for layer in layers], [layer.values for layer in layers]
         return {cache_keyword(model): DecodeCache(reserve, keys, values)}
-    return {} if cache is None else {cache_keyword(model): cache}
+    if keys is None:
+        return {}
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    for i, (k, v) in enumerate(zip(keys, values)):
+        cache.update(k, v, i)
+    return {cache_keyword(model): cache}
