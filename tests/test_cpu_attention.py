@@ -1,20 +1,21 @@
-"""Float32 attention under CPU bf16 autocast (trl_collm.cpu.attention): closer to float32 than bf16 attention,
-left padding still masked, float32 runs untouched, the switch not written into saved configs, and the trainers
-turning it on exactly where they turn on bf16 autocast on the CPU."""
+"""CPU attention (trl_collm.cpu.attention): float32 under CPU bf16 autocast (closer to float32 than bf16 attention,
+left padding still masked), grouped query heads without key / value copies (float32 outputs bitwise transformers'
+`sdpa`, gradients equal up to rounding, less kept for the backward), the switch not written into saved configs, and
+the trainers turning it on for every CPU run."""
 
 import json
 
 import torch
 from transformers import AutoModelForCausalLM
 
-from trl_collm.cpu.attention import NAME, use_float32_cpu_attention
+from trl_collm.cpu.attention import NAME, use_cpu_attention
 
 
 def _models(path):
     plain = AutoModelForCausalLM.from_pretrained(path).eval()
     f32 = AutoModelForCausalLM.from_pretrained(path).eval()
     assert plain.config._attn_implementation == "sdpa"
-    assert use_float32_cpu_attention(f32) == 1 and f32.config._attn_implementation == NAME
+    assert use_cpu_attention(f32) == 1 and f32.config._attn_implementation == NAME
     return plain, f32
 
 
@@ -30,12 +31,41 @@ def _batch(n=3, length=24, seed=0):
 
 def test_float32_runs_are_bitwise_transformers_sdpa(qwen_path):
     plain, f32 = _models(qwen_path)
+    assert f32.config.num_attention_heads > f32.config.num_key_value_heads  # grouped heads: the path that changed
     ids, mask, pos = _batch()
     with torch.no_grad():
         assert torch.equal(
             plain(input_ids=ids, attention_mask=mask, position_ids=pos).logits,
             f32(input_ids=ids, attention_mask=mask, position_ids=pos).logits,
         )
+
+
+def _kept_bytes_and_grads(model, ids, mask, pos):
+    """Bytes autograd keeps for the backward (each tensor once) and the weights' gradients of one loss."""
+    kept = {}
+
+    def pack(t):
+        kept[t.data_ptr()] = t.numel() * t.element_size()
+        return t
+
+    model.zero_grad(set_to_none=True)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=pos).logits
+    (logits.logsumexp(-1) * mask).sum().backward()
+    return sum(kept.values()), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def test_grouped_heads_keep_less_and_give_the_same_gradients(qwen_path):
+    plain, f32 = _models(qwen_path)
+    ids, mask, pos = _batch()
+    plain_bytes, want = _kept_bytes_and_grads(plain, ids, mask, pos)
+    grouped_bytes, got = _kept_bytes_and_grads(f32, ids, mask, pos)
+    # The tiny Qwen2 (4 query heads, 2 key / value heads, head size 8, 2 layers, 3 x 24 tokens): transformers keeps
+    # float32 keys and values copied to 4 heads, 2 x 4 x 8 x 4 B per token and layer; grouped keeps them at 2 heads:
+    # 2 x 2 x 8 x 4 B = 128 B less per token and layer.
+    assert plain_bytes - grouped_bytes == 2 * 72 * 128
+    for name, g in want.items():  # the key / value gradients are summed over each group inside the kernel
+        torch.testing.assert_close(got[name], g, rtol=1e-5, atol=1e-6, msg=name)
 
 
 def test_under_bf16_autocast_attention_is_float32_and_padding_stays_masked(qwen_path):
@@ -75,7 +105,7 @@ def test_a_saved_model_does_not_carry_the_switch(qwen_path, tmp_path):
     assert AutoModelForCausalLM.from_pretrained(tmp_path).config._attn_implementation == "sdpa"
 
 
-def test_the_trainer_switches_only_under_cpu_bf16(tmp_path, qwen_path, prompts_dataset):
+def test_the_trainer_switches_every_cpu_run(tmp_path, qwen_path, prompts_dataset):
     from trl_collm import MultiAgentPPOConfig, MultiAgentPPOTrainer
     from trl_collm.testing import CPU_RUN_SETTINGS
 
@@ -97,4 +127,4 @@ def test_the_trainer_switches_only_under_cpu_bf16(tmp_path, qwen_path, prompts_d
         )
         models = [trainer.team.model_of(a) for a in trainer.team.names] + [trainer.critic]
         seen[bf16] = {m.config._attn_implementation for mod in models for m in mod.modules() if hasattr(m, "config")}
-    assert seen[False] == {"sdpa"} and seen[True] == {NAME}
+    assert seen[False] == {NAME} and seen[True] == {NAME}

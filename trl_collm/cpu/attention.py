@@ -1,22 +1,30 @@
-"""Attention in float32 on a CPU while the rest of the model computes in bf16.
+"""Attention on a CPU: float32 while the rest of the model computes in bf16, and grouped-query attention without
+copies of the keys and values.
 
-Why: torch's CPU scaled-dot-product kernels are slow in bf16. One decode step's attention call (8 rows x 9 heads,
-one query row against a 300-400-token KV cache, one thread) took 3.0 ms in bf16 against 0.65 in float32 on an AMD
-EPYC with avx512_bf16 (`torch.profiler` over 8 decode steps, docs/benchmarks.md: 727 ms in that kernel against 357
-in all the matmuls), and 4.1 ms against 0.5 (0.8 with the casts to and from float32) on an AVX2-only EPYC: in a bf16
-decode step attention cost more than all the linear layers' matmuls. In the update's forward + backward, one
+Why float32: torch's CPU scaled-dot-product kernels are slow in bf16. One decode step's attention call (8 rows x 9
+heads, one query row against a 300-400-token KV cache, one thread) took 3.0 ms in bf16 against 0.65 in float32 on an
+AMD EPYC with avx512_bf16 (`torch.profiler` over 8 decode steps, docs/benchmarks.md: 727 ms in that kernel against
+357 in all the matmuls), and 4.1 ms against 0.5 (0.8 with the casts to and from float32) on an AVX2-only EPYC: in a
+bf16 decode step attention cost more than all the linear layers' matmuls. In the update's forward + backward, one
 attention layer of the workload's shape took 284-313 ms with the bf16 flash kernel and 209 ms in float32. The
-matmuls of the linear layers, where bf16 pays, stay in bf16.
+matmuls of the linear layers, where bf16 pays, stay in bf16. Attention's arithmetic is then float32 (more accurate
+than bf16); its inputs are the bf16 q / k / v the projections made and its output is cast back, so the model around
+it sees the dtypes it saw before. Autocast is switched off around the float32 call: under CPU autocast
+`scaled_dot_product_attention` would be cast back to bf16.
 
-What it changes: attention's arithmetic is float32 (more accurate than bf16); its inputs are the bf16 q / k / v the
-projections made and its output is cast back, so the model around it sees the dtypes it saw before. On a GPU, in
-float32, and for a half-precision tensor off the CPU, the call is transformers' own `sdpa` unchanged. Autocast is
-switched off around the float32 call: under CPU autocast `scaled_dot_product_attention` would be cast back to bf16.
+Why grouped: with a padding mask and more query heads than key / value heads (SmolLM2: 9 and 3), transformers'
+`sdpa` copies the keys and values once per query head of their group (`repeat_kv`) before the kernel, and autograd
+keeps the copies until the backward. torch's CPU kernel takes the groups itself (`enable_gqa=True`): the same outputs
+bitwise, the keys' and values' gradients summed over the group inside the kernel (float rounding), a third of the
+saved key / value memory for SmolLM2, and a forward + backward of the workload's shape (8 rows x 214 tokens, float32,
+one thread) 43 ms against 50-55 with the copies. Decoding (one query row) is left to transformers, which folds the
+groups into the query instead.
 
-`use_float32_cpu_attention(module)` switches every transformers model under `module` whose attention is `sdpa`; the
-trainers call it where they turn on CPU bf16 autocast. The name is registered with transformers' `AttentionInterface`
-and, as transformers requires for a custom name, with `AttentionMaskInterface` (without that no padding mask reaches
-the function: silently wrong log-probs for left-padded rows).
+On a GPU the call is transformers' own `sdpa` unchanged. `use_cpu_attention(module)` switches every transformers
+model under `module` whose attention is `sdpa`; `adapt_for_cpu` calls it for every model the trainers run on a CPU.
+The name is registered with transformers' `AttentionInterface` and, as transformers requires for a custom name, with
+`AttentionMaskInterface` (without that no padding mask reaches the function: silently wrong log-probs for
+left-padded rows).
 """
 
 from __future__ import annotations
@@ -28,26 +36,45 @@ NAME = "collm_cpu_float32_sdpa"
 _HALF = (torch.bfloat16, torch.float16)
 
 
-def float32_cpu_sdpa(module, query, key, value, attention_mask, **kwargs):
-    """transformers' `sdpa_attention_forward`, computed in float32 on the CPU when half precision is in play.
+def cpu_sdpa(module, query, key, value, attention_mask, **kwargs):
+    """transformers' `sdpa_attention_forward` on a CPU: computed in float32 when half precision is in play, and with
+    grouped query heads given to the kernel instead of copied keys and values.
 
     Under CPU autocast the rotary embedding has already promoted q and k to float32 (its cos / sin are float32)
     while v is bf16; autocast would cast all three to bf16 for the kernel. Here they all go in as float32 instead,
     and the output leaves in the dtype the plain path gives (autocast's, or the half dtype of a half model)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    autocast = query.device.type == "cpu" and torch.is_autocast_enabled("cpu")
-    half = {t.dtype for t in (query, key, value)} & set(_HALF)
-    if query.device.type != "cpu" or not (autocast or half):
+    if query.device.type != "cpu":
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    autocast = torch.is_autocast_enabled("cpu")
+    half = {t.dtype for t in (query, key, value)} & set(_HALF)
+    if not (autocast or half):
+        return _grouped_sdpa(module, query, key, value, attention_mask, **kwargs)
     dtype = torch.get_autocast_dtype("cpu") if autocast else next(iter(half))
     if attention_mask is not None and attention_mask.dtype in _HALF:  # an additive mask: its -inf/0 in float32
         attention_mask = attention_mask.float()
     with torch.autocast("cpu", enabled=False):
-        out, weights = sdpa_attention_forward(
-            module, query.float(), key.float(), value.float(), attention_mask, **kwargs
-        )
+        out, weights = _grouped_sdpa(module, query.float(), key.float(), value.float(), attention_mask, **kwargs)
     return out.to(dtype), weights
+
+
+def _grouped_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
+    """`sdpa_attention_forward`, with the one case where it would copy keys and values per query head (a mask,
+    several query rows, grouped heads) run by torch's kernel with `enable_gqa`; every other case is its own."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    groups = getattr(module, "num_key_value_groups", 1)
+    unusual = kwargs.get("position_bias") is not None or kwargs.get("softcap") is not None
+    if groups == 1 or attention_mask is None or query.shape[2] == 1 or unusual or kwargs.get("output_attentions"):
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
+        )
+    # With a mask transformers never sets is_causal (the mask holds the causal pattern), so neither do we.
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling, enable_gqa=True
+    )
+    return out.transpose(1, 2).contiguous(), None
 
 
 def register() -> str:
@@ -55,12 +82,12 @@ def register() -> str:
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-    AttentionInterface.register(NAME, float32_cpu_sdpa)
+    AttentionInterface.register(NAME, cpu_sdpa)
     AttentionMaskInterface.register(NAME, sdpa_mask)
     return NAME
 
 
-def use_float32_cpu_attention(module: nn.Module) -> int:
+def use_cpu_attention(module: nn.Module) -> int:
     """Switch every transformers model under `module` from `sdpa` to NAME; returns how many were switched. Models
     with another attention (eager, flash, a kernel the user chose) are left as they are."""
     from transformers import PreTrainedModel
