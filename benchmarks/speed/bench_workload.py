@@ -9,14 +9,15 @@ at the same batch; and this machine's matmul roofline (GFLOP/s, float32 and bf16
 `--count-flops`, one more (untimed) iteration counts each phase's FLOPs, and the table adds the floor: the CPU ms per
 token of that arithmetic at the roofline's rate.
 
-Rounds alternate the measured (tree, compute) pairs, each in a fresh process, so that a change of the machine's load
-hits them alike; the table gives medians over rounds and each pair's ratio to the first one. CPU seconds (not wall)
-are the measure: with one thread they are what an idle run would take, whatever else runs.
+Rounds alternate the measured (tree, compute, micro-batch) cases, each in a fresh process, so that a change of the
+machine's load hits them alike; the table gives medians over rounds and each case's ratio to the first one. CPU
+seconds (not wall) are the measure: with one thread they are what an idle run would take, whatever else runs.
 
     python benchmarks/speed/bench_workload.py --workload cc --compute fp32 bf16            # this tree, two dtypes
     python benchmarks/speed/bench_workload.py --against /path/to/old/checkout --rounds 3   # this tree vs another one
     python benchmarks/speed/bench_workload.py --against /path/to/old/checkout --count-flops  # + FLOPs and their floor
     python benchmarks/speed/bench_workload.py --compute fp32 --activation-checkpointing   # the memory / compute trade
+    python benchmarks/speed/bench_workload.py --compute bf16 --micro-batch 8 4 2           # the update in micro-batches
     python benchmarks/speed/bench_workload.py --smoke                                      # 2 episodes, 4 tokens
 """
 
@@ -44,10 +45,15 @@ def _model_path() -> str:
     return smollm2_135m_instruct()
 
 
-def workload_trainer(workload: str, batch: int, tokens: int, bf16: bool, out_dir: str, checkpointing: bool = False):
+def workload_trainer(
+    workload: str, batch: int, tokens: int, bf16: bool, out_dir: str, checkpointing: bool = False, micro: int = 0
+):
     """The workload's trainer, configured by warm_findings.method_config (the tables' own settings: PPO 1 epoch, no
-    KL; MC G = 4), with the benchmark's overrides: its dtype, a stop id outside the vocabulary, and activation
-    checkpointing when asked (memory for compute; it also turns off the kept prompt prefill)."""
+    KL; MC G = 4), with the benchmark's overrides: its dtype, a stop id outside the vocabulary, activation
+    checkpointing when asked (memory for compute; it also turns off the kept prompt prefill), and PPO's update in
+    micro-batches of `micro` episodes (`per_device_train_batch_size` = micro, `gradient_accumulation_steps` = batch /
+    micro: the same episodes and the same update up to float rounding, less memory; the iteration plan then keeps no
+    graph from sampling to the update)."""
     from peft import LoraConfig
     from transformers import AutoTokenizer
 
@@ -70,6 +76,10 @@ def workload_trainer(workload: str, batch: int, tokens: int, bf16: bool, out_dir
         stop_token_id=len(AutoTokenizer.from_pretrained(path)),  # never sampled: every text runs to `tokens`
         **({"activation_checkpointing": True} if checkpointing else {}),
     )
+    if micro and micro != batch:
+        if workload == "mc" or batch % micro:
+            raise SystemExit(f"--micro-batch {micro}: PPO workloads only (cc, dc), a divisor of --batch {batch}")
+        args.per_device_train_batch_size, args.gradient_accumulation_steps = micro, batch // micro
     trainer = cls(
         args=args,
         model=path,
@@ -116,7 +126,7 @@ def child(opts) -> dict:
     bf16 = compute == "bf16"
     with tempfile.TemporaryDirectory(prefix="bench-workload-") as out_dir:
         trainer, rows = workload_trainer(
-            opts.workload, opts.batch, opts.response_length, bf16, out_dir, opts.activation_checkpointing
+            opts.workload, opts.batch, opts.response_length, bf16, out_dir, opts.activation_checkpointing, opts.micro
         )
         timer = PhaseTimer(trainer, "cpu")
         layer_params = timer.count_weight_passes(trainer.team)
@@ -131,7 +141,7 @@ def child(opts) -> dict:
             return update(*args, **kwargs)
 
         setattr(trainer, update_method, update_seen)
-        per_iter = trainer.args.per_device_train_batch_size
+        per_iter = trainer.args.per_device_train_batch_size * trainer.args.gradient_accumulation_steps
         results = []
         for i in range(opts.warmup + opts.iterations):
             timer.reset()
@@ -201,6 +211,10 @@ def phase_floors(gflop: dict, weight_mb: dict, gflops: float, bandwidth: float) 
     return out
 
 
+def _micro_label(micro: int) -> str:
+    return f" micro-batch {micro}" if micro else ""
+
+
 def roofline() -> tuple[str, dict[str, float]]:
     """This machine's flags and its one-thread 1024 x 1024 matmul rate per compute dtype (GFLOP per CPU-second)."""
     import torch
@@ -236,8 +250,17 @@ def main():
         action="store_true",
         help="train with activation checkpointing (less memory, more compute; the peak is in the table)",
     )
+    p.add_argument(
+        "--micro-batch",
+        type=int,
+        nargs="+",
+        default=[0],
+        dest="micro_batches",
+        help="PPO workloads: also measure the update in micro-batches of these many episodes (0 or --batch: one)",
+    )
     p.add_argument("--smoke", action="store_true", help="2 episodes (MC: 4 samples), 4 tokens, 1 round")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--micro", type=int, default=0, help=argparse.SUPPRESS)  # the child's one micro-batch
     opts = p.parse_args()
     if opts.smoke:
         opts.batch, opts.response_length, opts.rounds = (4 if opts.workload == "mc" else 2), 4, 1
@@ -246,16 +269,17 @@ def main():
         print("RESULT " + json.dumps(child(opts)), flush=True)
         return
     trees = [ROOT, *[os.path.abspath(t) for t in opts.against]]
-    pairs = [(t, c) for t in trees for c in opts.compute]
+    pairs = [(t, c, m) for t in trees for c in opts.compute for m in opts.micro_batches]
     roof_text, rate = roofline()
     bandwidth = rate["memory"]
     print(roof_text, flush=True)
     got: dict = {pair: [] for pair in pairs}
     for r in range(opts.rounds):
-        for tree, compute in pairs if r % 2 == 0 else pairs[::-1]:  # alternate the order too
+        for pair in pairs if r % 2 == 0 else pairs[::-1]:  # alternate the order too
+            tree, compute, micro = pair
             cmd = [sys.executable, os.path.abspath(__file__), "--child", "--workload", opts.workload]
             cmd += ["--compute", compute, "--batch", str(opts.batch), "--response-length", str(opts.response_length)]
-            cmd += ["--iterations", str(opts.iterations), "--warmup", str(opts.warmup)]
+            cmd += ["--iterations", str(opts.iterations), "--warmup", str(opts.warmup), "--micro", str(micro)]
             cmd += ["--count-flops"] if opts.count_flops and r == 0 else []
             cmd += ["--activation-checkpointing"] if opts.activation_checkpointing else []
             env = dict(os.environ, PYTHONPATH=tree, OMP_NUM_THREADS="1")
@@ -272,26 +296,32 @@ def main():
                     f"the measurement in {tree} ran with activation_checkpointing="
                     f"{result.get('activation_checkpointing')}, not {opts.activation_checkpointing}"
                 )
-            got[(tree, compute)].append(result)
-            ms = got[(tree, compute)][-1]["ms_per_token"]
-            print(f"round {r + 1}: {tree} {compute}: {ms['total']:.1f} CPU ms per generated token", flush=True)
+            got[pair].append(result)
+            ms = got[pair][-1]["ms_per_token"]
+            print(
+                f"round {r + 1}: {tree} {compute}{_micro_label(micro)}: {ms['total']:.1f} CPU ms per generated token, "
+                f"peak {result['peak_rss_mib']:,.0f} MiB",
+                flush=True,
+            )
     rows = []
-    for tree, compute in pairs:
-        med = {k: statistics.median(g["ms_per_token"][k] for g in got[(tree, compute)]) for k in (*PHASES, "generate")}
+    for pair in pairs:
+        tree, compute, micro = pair
+        med = {k: statistics.median(g["ms_per_token"][k] for g in got[pair]) for k in (*PHASES, "generate")}
         rows.append(
             dict(
                 tree=tree,
                 compute=compute,
-                autocast=got[(tree, compute)][0]["autocast"],
+                micro_batch=micro or opts.batch,
+                autocast=got[pair][0]["autocast"],
                 activation_checkpointing=opts.activation_checkpointing,
                 ms_per_token=med,
-                rounds=len(got[(tree, compute)]),
-                peak_rss_mib=max(g.get("peak_rss_mib", 0.0) for g in got[(tree, compute)]),
+                rounds=len(got[pair]),
+                peak_rss_mib=max(g.get("peak_rss_mib", 0.0) for g in got[pair]),
             )
         )
-        gflop = got[(tree, compute)][0].get("gflop_per_token")
+        gflop = got[pair][0].get("gflop_per_token")
         if gflop:  # the floor: that arithmetic at the 1024 x 1024 matmul's rate, every FLOP as fast as the best GEMM
-            mb = got[(tree, compute)][0].get("weight_mb_per_token") or {}
+            mb = got[pair][0].get("weight_mb_per_token") or {}
             rows[-1].update(
                 gflop_per_token=gflop,
                 weight_mb_per_token=mb,
@@ -304,13 +334,14 @@ def main():
         "CPU ms per generated token (median over rounds)"
     )
     print(
-        f"{'tree':<28} {'compute':<7} {'iteration':>9} {'rollout':>8} {'score':>7} {'update':>7} "
+        f"{'tree':<28} {'compute':<7} {'micro':>5} {'iteration':>9} {'rollout':>8} {'score':>7} {'update':>7} "
         f"{'bare gen':>8} {'speed-up':>8} {'peak MiB':>8}"
     )
     for r in rows:
         m = r["ms_per_token"]
         print(
-            f"{os.path.basename(r['tree']) or r['tree']:<28} {r['compute']:<7} {m['total']:>9.1f} {m['rollout']:>8.1f} "
+            f"{os.path.basename(r['tree']) or r['tree']:<28} {r['compute']:<7} {r['micro_batch']:>5} "
+            f"{m['total']:>9.1f} {m['rollout']:>8.1f} "
             f"{m['score_rollout']:>7.1f} {m['update']:>7.1f} {m['generate']:>8.1f} {base / m['total']:>7.2f}x "
             f"{r['peak_rss_mib']:>8,.0f}"
         )
@@ -321,8 +352,8 @@ def main():
             f"forward, twice with gradients) at {bandwidth:.1f} GB/s; per generated token; the bound in brackets"
         )
         print(
-            f"{'tree':<28} {'compute':<7} {'GFLOP':>6} {'weight MB':>9} {'rollout floor':>16} {'update floor':>16} "
-            f"{'floor ms':>8} {'measured/floor':>14}"
+            f"{'tree':<28} {'compute':<7} {'micro':>5} {'GFLOP':>6} {'weight MB':>9} {'rollout floor':>16} "
+            f"{'update floor':>16} {'floor ms':>8} {'measured/floor':>14}"
         )
         for r in rows:
             g, mb, floors = r["gflop_per_token"], r.get("weight_mb_per_token", {}), r["floor_ms_per_token"]
@@ -331,7 +362,8 @@ def main():
                 for k in ("rollout", "update")
             ]
             print(
-                f"{os.path.basename(r['tree']) or r['tree']:<28} {r['compute']:<7} {g['total']:>6.2f} "
+                f"{os.path.basename(r['tree']) or r['tree']:<28} {r['compute']:<7} {r['micro_batch']:>5} "
+                f"{g['total']:>6.2f} "
                 f"{mb.get('total', 0.0):>9.1f} {cells[0]:>16} {cells[1]:>16} {floors['total']:>8.1f} "
                 f"{r['ms_per_token']['total'] / floors['total']:>13.2f}x"
             )
