@@ -213,7 +213,8 @@ def _help_key(kind: str) -> str:
             key.append(version(pkg))
         except PackageNotFoundError:
             key.append("-")
-    options = ("cli/__init__.py", "cli/common.py", "trainers/team_config.py", f"trainers/{kind}_config.py")
+    options = ("cli/__init__.py", "cli/common.py", "trainers/team_config.py", "trainers/backend_fields.py")
+    options += (f"trainers/{kind}_config.py",)
     digest = hashlib.sha256("|".join(key).encode())
     for rel in (*options, "trainers/supported_args.py"):
         with open(os.path.join(here, rel), "rb") as f:
