@@ -17,7 +17,7 @@ from transformers.trainer_callback import ExportableState
 from transformers.trainer_utils import TrainOutput
 
 from ..quiet import library_quiet
-from . import checkpoints, distributed
+from . import checkpoints, distributed, resume
 from .batches import DataPasses
 from .output_dir import claim_output_dir
 from .progress import keep_samples, sample_due
@@ -77,7 +77,7 @@ class TrainingLoop:
         self.accelerator.wait_for_everyone()
         self._new_trainer_state(loader)
         if checkpoint is not None:  # best metric and callback states first, so callbacks start from them
-            checkpoints.load_trainer_state(self.state, checkpoint)
+            resume.load_trainer_state(self.state, checkpoint)
             self._load_callback_state()
         self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
         saved = self._resume(checkpoint) if checkpoint is not None else None
@@ -111,7 +111,7 @@ class TrainingLoop:
     def _resume(self, checkpoint: str) -> dict:
         """Weights, optimizer, counters and metrics from `checkpoint`, and the data stream fast-forwarded to the
         same shuffled position. Returns what was loaded (its RNG state is restored later)."""
-        saved = checkpoints.load_checkpoint(self, checkpoint)
+        saved = resume.load_checkpoint(self, checkpoint)
         if not self.args.ignore_data_skip:
             self._passes.skip(saved["global_step"])
         self.state.global_step, self.state.episode = saved["global_step"], saved["episode"]
@@ -189,7 +189,7 @@ class TrainingLoop:
                 args.metric_for_best_model,
                 self.state.best_metric,
             )
-            checkpoints.load_parameters(self, self.state.best_model_checkpoint)
+            resume.load_parameters(self, self.state.best_model_checkpoint)
         self.control = self.callback_handler.on_train_end(args, self.state, self.control)
         return TrainOutput(
             self.state.global_step,
