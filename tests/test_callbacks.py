@@ -12,7 +12,7 @@ import torch
 from transformers import EarlyStoppingCallback, TrainerCallback
 
 from trl_collm import MultiAgentPPOTrainer
-from trl_collm.trainers import checkpoints
+from trl_collm.trainers import checkpoints, resume
 
 EVENTS = (
     "on_init_end",
@@ -200,8 +200,8 @@ def test_best_checkpoint_is_kept_and_loaded_at_the_end(tmp_path, qwen_path, prom
     # save_total_limit=1 keeps the newest checkpoint and, besides it, the best one
     assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-3"]
     assert trainer.state.best_model_checkpoint == str(out / "checkpoint-1")
-    best = checkpoints.read_state(str(out / "checkpoint-1"))["params"]
-    last = checkpoints.read_state(str(out / "checkpoint-3"))["params"]
+    best = resume.read_state(str(out / "checkpoint-1"))["params"]
+    last = resume.read_state(str(out / "checkpoint-3"))["params"]
     params = dict(trainer.model.named_parameters())
     assert any(not torch.equal(best[n], last[n]) for n in best)
     assert all(torch.equal(params[n].detach().cpu(), best[n]) for n in best)

@@ -14,7 +14,7 @@ import pytest
 import torch
 from transformers import TrainerCallback
 
-from trl_collm.trainers import checkpoints
+from trl_collm.trainers import checkpoints, resume
 
 LR = 1e-3
 
@@ -167,6 +167,6 @@ def test_older_layout_combinations_that_cannot_resume_are_one_line(
     trainer = SimpleNamespace(is_deepspeed_enabled=deepspeed_now, accelerator=SimpleNamespace(num_processes=world_now))
     old = {"world_size": 2, "optimizer": saved_optimizer}
     with pytest.raises(ValueError, match=expected) as info:
-        checkpoints._resume_mode(trainer, old, str(tmp_path))
+        resume._resume_mode(trainer, old, str(tmp_path))
     assert "\n" not in str(info.value)
-    assert checkpoints._resume_mode(trainer, {**old, "layout": checkpoints.LAYOUT}, str(tmp_path)) == "full"
+    assert resume._resume_mode(trainer, {**old, "layout": checkpoints.LAYOUT}, str(tmp_path)) == "full"

@@ -7,9 +7,10 @@ import re
 import pytest
 
 from trl_collm import MultiAgentMCConfig, MultiAgentPPOConfig, TeamConfig
+from trl_collm.trainers.backend_fields import GenerationBackendFields
 
 
-@pytest.mark.parametrize("cls", [TeamConfig, MultiAgentPPOConfig, MultiAgentMCConfig])
+@pytest.mark.parametrize("cls", [TeamConfig, GenerationBackendFields, MultiAgentPPOConfig, MultiAgentMCConfig])
 def test_every_own_field_is_documented(cls):
     doc = cls.__doc__
     assert "Parameters:" in doc

@@ -103,7 +103,7 @@ def test_the_flag_check_says_what_the_parser_says_without_building_it(cache, cap
     def no_parser(*a, **k):
         raise AssertionError("the parser was built")
 
-    monkeypatch.setattr(cli, "_train_parser", no_parser)
+    monkeypatch.setattr(cli.options, "_train_parser", no_parser)  # where every build looks it up
     assert [_said(capsys, argv) for argv in SAME_WORDS] == by_parser
     assert "expected one argument" in by_parser[0] and "invalid choice: 'foo'" in by_parser[4]
     assert "`loss_type`='foo' is not valid" in by_parser[5]

@@ -28,6 +28,12 @@ ALL_ON = {
     "reuse_rollout_prefill": "+the update forwards only the responses",
 }
 EPOCHS = "-num_ppo_epochs=2: the update sees each row 2 times"
+MC_SAMPLER = "-MC records none while sampling"
+MC_ONE_LOOK = dict(
+    one_look="+num_iterations=1, num_mini_batches=1",
+    old_logprobs_from_sampler=MC_SAMPLER,
+    reuse_value_forward="-MC has no critic",
+)
 WAIT = "-up to 8 (row, turn) pairs in micro-batches of 4"
 
 # (id, trainer, config overrides, facts overrides, expected decisions beyond the baseline)
@@ -197,8 +203,8 @@ TABLE = [
         {},
         dict(
             one_look="+num_iterations=1, num_mini_batches=1",
-            old_logprobs_from_update="-MC scores the old log-probs its loss needs",
-            old_logprobs_from_sampler="-MC scores the old log-probs its loss needs",
+            old_logprobs_from_update="+loss_type='reinforce' without a KL term reads none",
+            old_logprobs_from_sampler=MC_SAMPLER,
             reuse_value_forward="-MC has no critic",
         ),
     ),
@@ -210,8 +216,8 @@ TABLE = [
         dict(
             one_look="-update_schedule='per_agent_turn' over 2 turns",
             graphs_can_wait="-up to inf (row, turn) pairs",
-            old_logprobs_from_update="-MC scores",
-            old_logprobs_from_sampler="-MC scores",
+            old_logprobs_from_update="+loss_type='reinforce' without a KL term reads none",
+            old_logprobs_from_sampler=MC_SAMPLER,
             reuse_value_forward="-MC has no critic",
             reuse_rollout_prefill="-update_schedule='per_agent_turn' over 2 turns",
         ),
@@ -223,11 +229,60 @@ TABLE = [
         {},
         dict(
             one_look="-num_iterations=2: the update sees each row 2 times",
-            old_logprobs_from_update="-MC scores",
-            old_logprobs_from_sampler="-MC scores",
+            old_logprobs_from_update="-loss_type='clipped' reads the sampling weights' log-probs at every step",
+            old_logprobs_from_sampler=MC_SAMPLER,
             reuse_value_forward="-MC has no critic",
             reuse_rollout_prefill="-num_iterations=2",
         ),
+    ),
+    # MC's old log-probs (trainers/mc.py's score_tree reads this decision): GRPO's loss types take the update's own
+    # when the iteration has one optimizer step; REINFORCE reads none without a KL term; 'clipped' always scores them.
+    (
+        "MC, a GRPO loss, one optimizer step",
+        "mc",
+        dict(loss_type="grpo"),
+        dict(optimizer_steps=1),
+        dict(MC_ONE_LOOK, old_logprobs_from_update="+one optimizer step per iteration: the update's first forward"),
+    ),
+    (
+        "MC, a GRPO loss with a KL term, one optimizer step (the KL reads the reference, not the old log-probs)",
+        "mc",
+        dict(loss_type="dapo", beta=0.04),
+        dict(optimizer_steps=1),
+        dict(MC_ONE_LOOK, old_logprobs_from_update="+one optimizer step per iteration"),
+    ),
+    (
+        "MC, a GRPO loss, one step per agent (two steps)",
+        "mc",
+        dict(loss_type="bnpo", update_schedule="per_agent_turn"),
+        dict(optimizer_steps=2),
+        dict(MC_ONE_LOOK, old_logprobs_from_update="-2 optimizer steps per iteration: a later one sees moved weights"),
+    ),
+    (
+        "MC, a GRPO loss over two minibatches",
+        "mc",
+        dict(loss_type="dr_grpo", num_mini_batches=2),
+        dict(optimizer_steps=2),
+        dict(
+            MC_ONE_LOOK,
+            one_look="-num_mini_batches=2: a later minibatch",
+            old_logprobs_from_update="-2 optimizer steps per iteration",
+            reuse_rollout_prefill="-num_mini_batches=2",
+        ),
+    ),
+    (
+        "MC, a GRPO loss, steps not given",
+        "mc",
+        dict(loss_type="grpo"),
+        {},
+        dict(MC_ONE_LOOK, old_logprobs_from_update="-the optimizer steps per iteration are unknown"),
+    ),
+    (
+        "MC, REINFORCE with a KL term",
+        "mc",
+        dict(beta=0.04),
+        dict(optimizer_steps=1),
+        dict(MC_ONE_LOOK, old_logprobs_from_update="-loss_type='reinforce' with a KL term (beta=0.04)"),
     ),
 ]
 
@@ -247,6 +302,14 @@ def test_the_plan_table(tmp_path, trainer, overrides, facts, expected):
     for name, want in {**ALL_ON, **expected}.items():
         decision = getattr(plan, name)
         assert decision.on == (want[0] == "+") and want[1:] in decision.reason, (name, decision)
+
+
+def test_mc_old_logprobs_are_scored_under_vllm_importance_correction(tmp_path):
+    """vLLM's correction compares the engine's log-probs with the sampling weights' own: scored, whatever the loss."""
+    args = _config(tmp_path, "mc", dict(loss_type="grpo"))
+    args.use_vllm, args.vllm_importance_sampling_correction = True, True  # set after the checks (vLLM not installed)
+    decision = make_plan(args, PlanFacts(**FACTS, optimizer_steps=1)).old_logprobs_from_update
+    assert not decision.on and "importance-sampling correction" in decision.reason
 
 
 def test_the_plan_is_logged_once_and_again_when_it_changes(tmp_path, caplog):

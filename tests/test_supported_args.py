@@ -15,6 +15,7 @@ import torch
 from transformers import HfArgumentParser, TrainingArguments
 
 from trl_collm import MultiAgentMCConfig, MultiAgentPPOConfig, MultiAgentPPOTrainer, TeamConfig
+from trl_collm.trainers.backend_fields import GenerationBackendFields
 from trl_collm.trainers.grpo_fields import GRPORefusedFields
 from trl_collm.trainers.supported_args import (
     HONOURED,
@@ -28,7 +29,7 @@ from trl_collm.trainers.supported_args import (
 ROOT = Path(__file__).resolve().parents[1]
 BASE = dict(output_dir="/tmp/unused-supported-args", use_cpu=True, bf16=False, report_to=[])
 OWN = set()
-for _cls in (TeamConfig, MultiAgentPPOConfig, MultiAgentMCConfig):
+for _cls in (TeamConfig, GenerationBackendFields, MultiAgentPPOConfig, MultiAgentMCConfig):
     OWN |= set(_cls.__dict__["__annotations__"])
 # GRPOConfig's fields MultiAgentMCConfig parses and refuses have their own table (tests/test_grpo_config.py)
 OWN |= set(GRPORefusedFields.__dataclass_fields__)

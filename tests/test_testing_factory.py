@@ -42,7 +42,7 @@ def _tok(flavor, tok_a, tok_b):
 
 
 def test_default_corpus_is_deterministic_and_covers_domains():
-    from trl_collm.testing import _make_corpus
+    from trl_collm.testing.text import _make_corpus
 
     assert _make_corpus() == DEFAULT_CORPUS
     assert 200 <= len(DEFAULT_CORPUS) <= 1000

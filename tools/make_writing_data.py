@@ -698,7 +698,7 @@ def write_jsonl(rows: list[dict], path: Path) -> None:
 
 def with_more_held_out(pool: list[dict]) -> list[dict]:
     """The pool's first NUM_ROWS rows, then its later rows that the task's split holds out (never trained on)."""
-    from trl_collm.tasks.writing import _is_eval  # the task's own split: one definition of held out
+    from trl_collm.tasks.writing_data import _is_eval  # the task's own split: one definition of held out
 
     return pool[:NUM_ROWS] + [row for row in pool[NUM_ROWS:] if _is_eval(row["document"])]
 

@@ -1,7 +1,7 @@
 """The critic's value statistics: how much of the returns' spread the values explain, and the running mean and
 variance that value normalisation (`value_normalization`) scales the critic's targets by.
 
-Moved out of `algorithms.py` (the estimators and losses) so that module keeps room to grow.
+Moved out of `algorithms` (the estimators and losses, now the package `algorithms/`) so that module keeps room to grow.
 """
 
 import math

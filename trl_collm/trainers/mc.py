@@ -189,6 +189,10 @@ class MultiAgentMCTrainer(TeamTrainerBase):
             self._generator.set_state(state["generator"])
         self.num_tokens = int(state.get("num_tokens", 0))
 
+    def plan_facts(self, num_pairs: float):
+        """The base's facts and this iteration's optimizer steps (MC's old log-prob decision reads them)."""
+        return dataclasses.replace(super().plan_facts(num_pairs), optimizer_steps=self.optimizer_steps_per_iteration())
+
     def optimizer_steps_per_iteration(self) -> int:
         args = self.args
         groups = len(self.team.names) * args.num_turns if args.update_schedule == "per_agent_turn" else 1
@@ -289,10 +293,10 @@ class MultiAgentMCTrainer(TeamTrainerBase):
         """Advantages per sample, and the old / reference log-probs the loss needs."""
         args, names = self.args, self.team.names
         advantages = self.advantages(tree)
-        # vLLM's importance-sampling correction compares the engine's log-probs with the sampling weights' own
-        need_old = args.loss_type == "clipped" or args.beta != 0 or self._corrects_importance()
-        if args.loss_type in GRPO_LOSS_TYPES:  # as GRPO: the ratio's denominator is needed after a first step only
-            need_old = self.optimizer_steps_per_iteration() > 1 or self._corrects_importance()
+        # Whether the loss takes the update's own log-probs (or reads none), and why: trainers/plan.py. A tree sampled
+        # elsewhere (a test's) gets a plan here; this decision reads no pair count.
+        plan = self.plan if self.plan is not None else self.plan_iteration(float("inf"))
+        need_old = not plan.old_logprobs_from_update.on
         turns = []
         for t, turn in enumerate(tree.turns):
             scored = {}

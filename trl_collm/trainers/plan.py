@@ -8,6 +8,9 @@ agree. Where the rule holds, a forward the iteration would run twice with the sa
 - `old_logprobs_from_update` (PPO) skips the scoring pass's policy forward: the update's first forward gives the old
   log-probs (the loss takes them detached, as TRL does when they are the current ones: the ratio is 1 in the
   forward). Also needs no KL term with a reference (its penalty is shaped into the rewards before the update).
+  For MC, `old_logprobs_from_update` says whether scoring skips its old log-prob forward: GRPO's loss types take the
+  update's own log-probs, detached, when the iteration has one optimizer step (as GRPO does); REINFORCE without a KL
+  term reads none; the clipped loss and vLLM's importance-sampling correction always need them scored.
 - `old_logprobs_from_sampler` (PPO), where the update cannot give them, skips the same forward: the sampler records
   the log-probs of what it samples. Needs logits as the model gives them (no repetition penalty, forced or
   suppressed tokens) and a backend that records them; equal up to float rounding.
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from .mc_config import GRPO_LOSS_TYPES
 from .ppo_config import MultiAgentPPOConfig
 
 
@@ -56,6 +60,7 @@ class PlanFacts:
     logits_are_the_models: bool = True  # every agent's generation config leaves the logits as the model gives them
     sampler_records_logprobs: bool = True  # the sampler was asked to record log-probs and its backend records them
     backend_keeps_prompt_graph: bool = True  # the backend can run the prompt prefill with gradients and return it
+    optimizer_steps: int | None = None  # optimizer steps per iteration, where a decision reads it (MC gives it)
 
 
 @dataclass(frozen=True)
@@ -129,9 +134,9 @@ def graphs_can_wait(args, facts: PlanFacts) -> Decision:
 
 
 def old_logprobs_from_update(args, facts: PlanFacts) -> Decision:
-    """Whether the update's first forward gives PPO's old log-probs (no scoring forward)."""
+    """Whether the update's first forward gives PPO's old log-probs (no scoring forward); MC: `_mc_old_logprobs`."""
     if not isinstance(args, MultiAgentPPOConfig):
-        return Decision(False, "MC scores the old log-probs its loss needs (score_tree)")
+        return _mc_old_logprobs(args, facts)
     look = one_look(args, facts)
     return _first(
         (not args.old_logprobs_from_update, "old_logprobs_from_update=False"),
@@ -144,9 +149,31 @@ def old_logprobs_from_update(args, facts: PlanFacts) -> Decision:
     )
 
 
+def _mc_old_logprobs(args, facts: PlanFacts) -> Decision:
+    """MC: whether scoring skips the old log-prob forward (the loss takes the update's own, detached, or reads none)."""
+    grpo = args.loss_type in GRPO_LOSS_TYPES
+    steps = facts.optimizer_steps
+    return _first(
+        (
+            args.use_vllm and args.vllm_importance_sampling_correction,
+            "vLLM's importance-sampling correction compares the engine's log-probs with the sampling weights' own",
+        ),
+        (args.loss_type == "clipped", "loss_type='clipped' reads the sampling weights' log-probs at every step"),
+        (grpo and steps is None, "the optimizer steps per iteration are unknown"),
+        (
+            grpo and steps is not None and steps > 1,
+            f"{steps} optimizer steps per iteration: a later one sees moved weights",
+        ),
+        (not grpo and args.beta != 0, f"loss_type={args.loss_type!r} with a KL term (beta={args.beta})"),
+        on="one optimizer step per iteration: the update's first forward gives them, as GRPO's"
+        if grpo
+        else f"loss_type={args.loss_type!r} without a KL term reads none",
+    )
+
+
 def _old_logprobs_from_sampler(args, facts: PlanFacts, from_update: Decision) -> Decision:
     if not isinstance(args, MultiAgentPPOConfig):
-        return Decision(False, from_update.reason)
+        return Decision(False, "MC records none while sampling (scoring gives them where the update does not)")
     return _first(
         (not args.old_logprobs_from_sampler, "old_logprobs_from_sampler=False"),
         (from_update.on, "the update's first forward gives them"),

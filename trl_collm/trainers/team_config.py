@@ -20,6 +20,7 @@ from trl.trainer.base_config import _BaseConfig
 
 from ..generation.sampler import BackendOptions
 from ..team.names import check_agent_names
+from .backend_fields import GenerationBackendFields
 from .presets import PresetDefault, fill_preset_defaults
 from .ranges import ABOVE_0, ANY, AT_LEAST_0, AT_LEAST_1, UNIT, UNIT_OPEN_BOTTOM, check_numeric_fields
 from .supported_args import check_training_arguments, warn_if_bf16_is_emulated
@@ -35,12 +36,13 @@ TEAM_CHOICES = {
 
 
 @dataclass
-class TeamConfig(_BaseConfig):
+class TeamConfig(GenerationBackendFields, _BaseConfig):
     r"""Fields shared by the team trainers: the team, generation, rewards and episodes.
 
     Every field is also a command-line flag (`TrlParser`); the `transformers.TrainingArguments` fields (output_dir,
     seed, per_device_train_batch_size, bf16, report_to, ...) apply as documented there, or are refused when set:
-    `trainers/supported_args.py` says which, field by field.
+    `trainers/supported_args.py` says which, field by field. The generation backend's fields (continuous batching,
+    vLLM) are `GenerationBackendFields`' (`trainers/backend_fields.py`), which this class derives from.
 
     Parameters:
         > Parameters that define the team
@@ -94,38 +96,6 @@ class TeamConfig(_BaseConfig):
             responses, when that gives the same numbers (one epoch, one minibatch, every row in one micro-batch; when
             it applies: trl_collm/trainers/plan.py). Saves the update's prompt forward; holds every agent's prompt
             activations from sampling to the update. False: the update forwards prompt and response (less memory).
-        use_transformers_continuous_batching (`bool`, *optional*, defaults to `False`):
-            Generate rollouts with transformers' continuous batching (`generate_batch`) instead of `generate()`; LoRA
-            teams run one call per adapter (see docs/generation.md).
-        transformers_continuous_batching_config (`dict | str`, *optional*, defaults to `None`):
-            Keyword arguments for `transformers.generation.ContinuousBatchingConfig` (a dict or JSON string).
-        use_vllm (`bool`, *optional*, defaults to `False`):
-            Generate rollouts with vLLM instead of `generate()`: one engine per distinct agent model, or one engine
-            over the shared base with one LoRA adapter per agent; weights re-sent after every update. vLLM is
-            installed apart from this project (see docs/generation.md).
-        vllm_mode (`str`, *optional*, defaults to `'colocate'`):
-            'colocate': the engine runs in the training process. TRL's 'server' mode is refused (one external server
-            holds one model; a team needs one engine per agent model and its weight sync).
-        vllm_gpu_memory_utilization (`float`, *optional*, defaults to `0.3`):
-            Fraction of the GPU's memory the colocated engine takes (weights and KV cache); on CPU vLLM sizes its
-            KV cache with VLLM_CPU_KVCACHE_SPACE instead.
-        vllm_max_model_length (`int`, *optional*, defaults to `None`):
-            The engine's context window (prompt plus response); default: the model's.
-        vllm_enable_sleep_mode (`bool`, *optional*, defaults to `False`):
-            Put the engine to sleep (weights and KV cache released) between rollouts; it wakes with the new weights.
-            GPU only.
-        vllm_model_impl (`str`, *optional*, defaults to `'vllm'`):
-            'vllm' (vLLM's own model code) or 'transformers' (vLLM's transformers backend).
-        vllm_importance_sampling_correction (`bool`, *optional*, defaults to `True`):
-            Weight the policy loss by the clipped or masked ratio of the trainer's old log-probs to vLLM's sampler
-            log-probs (truncated importance sampling, as TRL's GRPO does), correcting for the engine's numerics.
-        vllm_importance_sampling_mode (`str`, *optional*, defaults to `'sequence_mask'`):
-            'token_truncate', 'token_mask', 'sequence_truncate' or 'sequence_mask': per-token or per-response ratios,
-            clipped to [clip_min, clip_max] (truncate) or zeroed outside it (mask).
-        vllm_importance_sampling_clip_max (`float`, *optional*, defaults to `3.0`):
-            Upper bound of the importance-sampling ratio (None: no upper bound).
-        vllm_importance_sampling_clip_min (`float`, *optional*, defaults to `None`):
-            Lower bound of the importance-sampling ratio (None: 0 for truncate modes, none for mask modes).
 
         > Parameters that control rewards and episodes
 
@@ -315,79 +285,6 @@ class TeamConfig(_BaseConfig):
                 "prompt and response (less memory)."
             )
         },
-    )
-
-    # Generation backend: TRL 1.16's GRPOConfig names and types. Read by trl_collm/generation/backends.py
-    # (`make_backend`); documented in docs/generation.md.
-    use_transformers_continuous_batching: bool = field(
-        default=False,
-        metadata={
-            "help": (
-                "Generate rollouts with transformers' continuous batching (`generate_batch`: paged KV cache, "
-                "continuous batching, CUDA graphs on GPU) instead of `generate()`. LoRA teams run one call per "
-                "adapter. "
-                "Same sampling settings, stop token and response_length (see docs/generation.md)."
-            )
-        },
-    )
-    transformers_continuous_batching_config: dict | str | None = field(
-        default=None,
-        metadata={
-            "help": (
-                "Keyword arguments for `transformers.generation.ContinuousBatchingConfig` (a dict or JSON "
-                "string). Default on GPU: max_memory_percent=0.5, as in TRL; on CPU the cache is sized to each call."
-            )
-        },
-    )
-    # vLLM: TRL 1.16 GRPOConfig's names and defaults. Read by trl_collm/generation/vllm_backend.py; docs/generation.md.
-    use_vllm: bool = field(
-        default=False,
-        metadata={
-            "help": (
-                "Generate rollouts with vLLM (see docs/generation.md) instead of generate(): one engine per agent "
-                "model, or one over the shared base with one LoRA adapter per agent; weights re-sent after each update."
-            )
-        },
-    )
-    vllm_mode: str = field(
-        default="colocate",
-        metadata={"help": "'colocate' (the engine runs in the training process); 'server' is refused for teams."},
-    )
-    vllm_gpu_memory_utilization: Annotated[float, UNIT_OPEN_BOTTOM] = field(
-        default=0.3,
-        metadata={"help": "Fraction of the GPU's memory the colocated engine takes (weights and KV cache)."},
-    )
-    vllm_max_model_length: Annotated[int | None, AT_LEAST_1] = field(
-        default=None, metadata={"help": "The engine's context window (prompt plus response); default: the model's."}
-    )
-    vllm_enable_sleep_mode: bool = field(
-        default=False,
-        metadata={"help": "Put the engine to sleep between rollouts (GPU only); it wakes with the new weights."},
-    )
-    vllm_model_impl: str = field(
-        default="vllm",
-        metadata={"help": "'vllm' (vLLM's own model code) or 'transformers' (vLLM's transformers backend)."},
-    )
-    vllm_importance_sampling_correction: bool = field(
-        default=True,
-        metadata={
-            "help": (
-                "Weight the policy loss by the clipped or masked ratio of the trainer's old log-probs to vLLM's "
-                "sampler log-probs (truncated importance sampling, as TRL's GRPO)."
-            )
-        },
-    )
-    vllm_importance_sampling_mode: str = field(
-        default="sequence_mask",
-        metadata={"help": "'token_truncate', 'token_mask', 'sequence_truncate' or 'sequence_mask'."},
-    )
-    vllm_importance_sampling_clip_max: Annotated[float | None, ABOVE_0] = field(
-        default=BackendOptions.vllm_importance_sampling_clip_max,
-        metadata={"help": "Upper bound of the importance-sampling ratio (None: no upper bound)."},
-    )
-    vllm_importance_sampling_clip_min: Annotated[float | None, AT_LEAST_0] = field(
-        default=None,
-        metadata={"help": "Lower bound of the importance-sampling ratio (None: 0 for truncate, none for mask modes)."},
     )
 
     max_prompt_length: Annotated[int | None, AT_LEAST_1] = field(

@@ -1,4 +1,5 @@
-"""The packaged real model: one call gives an ordinary folder, faithful to the GGUF it came from."""
+"""The packaged real model (trl_collm/team/pretrained.py): one call gives an ordinary folder, faithful to the GGUF it
+came from."""
 
 from __future__ import annotations
 
