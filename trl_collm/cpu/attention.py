@@ -29,6 +29,8 @@ left-padded rows).
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import nn
 
@@ -100,3 +102,23 @@ def use_cpu_attention(module: nn.Module) -> int:
             m.set_attn_implementation(NAME)
             switched += 1
     return switched
+
+
+@contextlib.contextmanager
+def transformers_sdpa(module: nn.Module):
+    """transformers' own `sdpa` for the models under `module` switched to NAME, for the duration: transformers'
+    continuous batching accepts only the implementations it knows (it runs its own paged variant of `sdpa`)."""
+    from transformers import PreTrainedModel
+
+    switched = [
+        m
+        for m in module.modules()
+        if isinstance(m, PreTrainedModel) and getattr(m.config, "_attn_implementation", None) == NAME
+    ]
+    for m in switched:
+        m.set_attn_implementation("sdpa")
+    try:
+        yield
+    finally:
+        for m in switched:
+            m.set_attn_implementation(NAME)

@@ -26,6 +26,7 @@ import weakref
 
 import torch
 
+from ..cpu.attention import transformers_sdpa
 from ..cpu.lora_mixed import stacks_kept
 from ..team.modeling import base_model_of
 from ..team.prefix import decode_cache_kwargs
@@ -280,7 +281,7 @@ class ContinuousBatchingBackend(GenerationBackend):
             inner._cached_continuous_batching_manager = kept.manager  # the slot generate_batch looks in
         was_training = inner.training
         try:
-            with _quiet_persistent_manager_warning():
+            with _quiet_persistent_manager_warning(), transformers_sdpa(inner):
                 outputs = inner.generate_batch(
                     prompts,
                     generation_config=config,
