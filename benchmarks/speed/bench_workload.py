@@ -18,6 +18,7 @@ seconds (not wall) are the measure: with one thread they are what an idle run wo
     python benchmarks/speed/bench_workload.py --against /path/to/old/checkout --count-flops  # + FLOPs and their floor
     python benchmarks/speed/bench_workload.py --compute fp32 --activation-checkpointing   # the memory / compute trade
     python benchmarks/speed/bench_workload.py --compute bf16 --micro-batch 8 4 2           # the update in micro-batches
+    python benchmarks/speed/bench_workload.py --set reuse_value_forward=false            # any config field, every case
     python benchmarks/speed/bench_workload.py --smoke                                      # 2 episodes, 4 tokens
 """
 
@@ -34,7 +35,7 @@ import time
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+ROOT = os.path.dirname(os.path.dirname(HERE))  # the checkout: benchmarks/speed/ is two levels down
 
 
 def _model_path() -> str:
@@ -46,14 +47,21 @@ def _model_path() -> str:
 
 
 def workload_trainer(
-    workload: str, batch: int, tokens: int, bf16: bool, out_dir: str, checkpointing: bool = False, micro: int = 0
+    workload: str,
+    batch: int,
+    tokens: int,
+    bf16: bool,
+    out_dir: str,
+    checkpointing: bool = False,
+    micro: int = 0,
+    overrides: dict | None = None,
 ):
     """The workload's trainer, configured by warm_findings.method_config (the tables' own settings: PPO 1 epoch, no
     KL; MC G = 4), with the benchmark's overrides: its dtype, a stop id outside the vocabulary, activation
     checkpointing when asked (memory for compute; it also turns off the kept prompt prefill), and PPO's update in
     micro-batches of `micro` episodes (`per_device_train_batch_size` = micro, `gradient_accumulation_steps` = batch /
     micro: the same episodes and the same update up to float rounding, less memory; the iteration plan then keeps no
-    graph from sampling to the update)."""
+    graph from sampling to the update), then `overrides` (config field -> value, e.g. an iteration-plan switch)."""
     from peft import LoraConfig
     from transformers import AutoTokenizer
 
@@ -80,6 +88,10 @@ def workload_trainer(
         if workload == "mc" or batch % micro:
             raise SystemExit(f"--micro-batch {micro}: PPO workloads only (cc, dc), a divisor of --batch {batch}")
         args.per_device_train_batch_size, args.gradient_accumulation_steps = micro, batch // micro
+    for field, value in (overrides or {}).items():
+        if not hasattr(args, field):
+            raise SystemExit(f"--set {field}=...: {type(args).__name__} has no field {field!r}")
+        setattr(args, field, value)
     trainer = cls(
         args=args,
         model=path,
@@ -126,7 +138,14 @@ def child(opts) -> dict:
     bf16 = compute == "bf16"
     with tempfile.TemporaryDirectory(prefix="bench-workload-") as out_dir:
         trainer, rows = workload_trainer(
-            opts.workload, opts.batch, opts.response_length, bf16, out_dir, opts.activation_checkpointing, opts.micro
+            opts.workload,
+            opts.batch,
+            opts.response_length,
+            bf16,
+            out_dir,
+            opts.activation_checkpointing,
+            opts.micro,
+            dict(_parse_set(x) for x in opts.set),
         )
         timer = PhaseTimer(trainer, "cpu")
         layer_params = timer.count_weight_passes(trainer.team)
@@ -180,7 +199,10 @@ def child(opts) -> dict:
         k: statistics.median(r["bytes"].get(k, 0) / r["tokens"] / 1e6 for r in results) for k in PHASES if k != "total"
     }
     mb["total"] = sum(mb.values())
+    import trl_collm
+
     return dict(
+        package=os.path.dirname(os.path.abspath(trl_collm.__file__)),  # the tree that really ran
         ms_per_token=ms,
         weight_mb_per_token=mb,
         gflop_per_token=gflop,
@@ -209,6 +231,17 @@ def phase_floors(gflop: dict, weight_mb: dict, gflops: float, bandwidth: float) 
         out[phase + "_bound"] = "bytes" if memory_ms > compute_ms else "flops"
     out["total"] = out["rollout"] + out["score_rollout"] + out["update"]
     return out
+
+
+def _parse_set(text: str) -> tuple[str, object]:
+    """`field=value` of --set: the value read as JSON (true, 2, 0.5, "x"), else as the string itself."""
+    field, sep, value = text.partition("=")
+    if not sep or not field:
+        raise SystemExit(f"--set {text!r}: write field=value, e.g. --set reuse_value_forward=false")
+    try:
+        return field, json.loads(value)
+    except json.JSONDecodeError:
+        return field, value
 
 
 def _micro_label(micro: int) -> str:
@@ -258,6 +291,14 @@ def main():
         dest="micro_batches",
         help="PPO workloads: also measure the update in micro-batches of these many episodes (0 or --batch: one)",
     )
+    p.add_argument(
+        "--set",
+        nargs="*",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="config fields for every case, e.g. reuse_value_forward=false reuse_rollout_prefill=false (the graphs "
+        "the iteration plan keeps from sampling to the update)",
+    )
     p.add_argument("--smoke", action="store_true", help="2 episodes (MC: 4 samples), 4 tokens, 1 round")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--micro", type=int, default=0, help=argparse.SUPPRESS)  # the child's one micro-batch
@@ -280,6 +321,7 @@ def main():
             cmd = [sys.executable, os.path.abspath(__file__), "--child", "--workload", opts.workload]
             cmd += ["--compute", compute, "--batch", str(opts.batch), "--response-length", str(opts.response_length)]
             cmd += ["--iterations", str(opts.iterations), "--warmup", str(opts.warmup), "--micro", str(micro)]
+            cmd += ["--set", *opts.set] if opts.set else []
             cmd += ["--count-flops"] if opts.count_flops and r == 0 else []
             cmd += ["--activation-checkpointing"] if opts.activation_checkpointing else []
             env = dict(os.environ, PYTHONPATH=tree, OMP_NUM_THREADS="1")
@@ -288,6 +330,8 @@ def main():
             if line is None:
                 sys.exit(f"measurement failed in {tree} ({compute}), exit code {out.returncode}:\n{out.stderr[-3000:]}")
             result = json.loads(line[len("RESULT ") :])
+            if os.path.dirname(result["package"]) != tree:  # e.g. an installed copy instead of the tree's own
+                sys.exit(f"the measurement labelled {tree} imported trl_collm from {result['package']}")
             expected = ["bfloat16"] if compute == "bf16" else ["off"]
             if result.get("autocast") != expected:  # a label that does not say what ran is worse than no figure
                 sys.exit(f"the {compute} measurement in {tree} updated under autocast {result.get('autocast')}")
@@ -330,7 +374,8 @@ def main():
     base = rows[0]["ms_per_token"]["total"]
     print(
         f"\n{opts.workload.upper()} workload: batch {opts.batch}, {opts.response_length} tokens, one thread"
-        f"{', activation checkpointing' if opts.activation_checkpointing else ''}; "
+        f"{', activation checkpointing' if opts.activation_checkpointing else ''}"
+        f"{''.join(', ' + x for x in opts.set)}; "
         "CPU ms per generated token (median over rounds)"
     )
     print(
