@@ -92,3 +92,63 @@ def test_a_bf16_lora_team_on_cpu_trains_to_the_weights_of_plain_autocast(
     monkeypatch.setattr(cpu, "cache_frozen_linears", lambda module: 0)
     _, plain = _train_lora_team_in_bf16(tmp_path / "plain", qwen_path, prompts_dataset)
     assert torch.equal(cached, plain)
+
+
+def _lora_qwen(path):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(path),
+        LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj", "up_proj"]),
+    )
+    for name, p in model.named_parameters():  # non-zero B, so that the adapters' gradients reach their inputs
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.1)
+    return model
+
+
+def _forward_backward(model, ids):
+    kept = {}
+
+    def pack(t):
+        kept[t.data_ptr()] = t.numel() * t.element_size()
+        return t
+
+    model.zero_grad(set_to_none=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            logits = model(input_ids=ids).logits
+        logits.float().logsumexp(-1).sum().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return logits.detach(), sum(kept.values()), grads
+
+
+def test_shared_input_casts_give_the_same_numbers_and_keep_one_copy(qwen_path):
+    """q / k / v (and gate / up, and each LoRA A beside its base) read one bf16 copy of their float32 input: the
+    logits and every LoRA gradient bitwise those of plain autocast, one cast copy kept per shared input."""
+    plain, shared = _lora_qwen(qwen_path), _lora_qwen(qwen_path)
+    cache_frozen_linears(shared)
+    ids = torch.randint(5, 200, (3, 24), generator=torch.Generator().manual_seed(0))
+    want, plain_bytes, want_grads = _forward_backward(plain, ids)
+    got, shared_bytes, got_grads = _forward_backward(shared, ids)
+    assert torch.equal(got, want)
+    assert want_grads.keys() == got_grads.keys() and len(want_grads) == 2 * 3 * 2  # 2 layers x 3 modules x A, B
+    for name, g in want_grads.items():
+        assert torch.equal(got_grads[name], g), name
+    # A frozen linear keeps no input for its backward (no weight gradient); a LoRA A does. Per layer, plain autocast
+    # keeps A_q's and A_v's own casts of the attention input (and A_up's of the MLP input); shared, A_q and A_v keep
+    # one copy: one bf16 copy of 32 values (64 B) less per token and layer, 2 layers x 72 tokens.
+    assert plain_bytes - shared_bytes == 2 * 72 * 64
+
+
+def test_a_changed_input_is_cast_again():
+    net, plain = _net(), _net()
+    cache_frozen_linears(net)
+    x = torch.randn(4, 16)
+    with torch.autocast("cpu", dtype=torch.bfloat16), torch.no_grad():
+        first = net[0](x)
+        x.mul_(3.0)  # in place: a new version of the same tensor object, which the memo must not serve
+        second = net[0](x)
+        assert torch.equal(second, plain[0](x)) and not torch.equal(first, second)

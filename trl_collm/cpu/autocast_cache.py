@@ -7,6 +7,14 @@ as float32 and written as bf16 before any arithmetic. Keeping one bf16 copy per 
 matmul autocast would run (the same cast of the same values: results are bitwise those of plain autocast) without
 the per-call cast. Outside autocast, and for weights that train, nothing changes.
 
+The inputs too: q_proj, k_proj and v_proj (and gate_proj and up_proj, and a LoRA adapter's A beside its base layer)
+read the same float32 activation, and autocast casts it to bf16 once per layer, three or four copies kept for the
+backward. Here the copy is made once per activation (a one-entry memo per thread, keyed by the tensor object and its
+version) and each layer reads it through its own autograd node (`_SharedCast`), so each layer's input gradient goes
+back to float32 on its own, exactly as autocast's cast sends it: the same numbers, forward and backward, with one
+bf16 copy of each shared input instead of three or four (SmolLM2 under bf16 autocast: 4.1 -> ~1.2 KB kept per
+token and layer) and fewer casts.
+
 What it buys, measured (benchmarks/speed/bench_workload.py, issue 28's CC workload, idle machine, docs/benchmarks.md):
 little. A bf16 iteration costs the same with and without the copies (46.9 vs 46.5 CPU ms per generated token); the
 rollout 13.9 vs 14.8 and a bare generate() 15.7 vs 17.8 in one round, so at most a small gain while sampling. (It
@@ -16,24 +24,60 @@ weights (half their float32 size).
 
 from __future__ import annotations
 
+import threading
 import types
+import weakref
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 
+class _SharedCast(torch.autograd.Function):
+    """One layer's read of a shared bf16 copy of `x`: its gradient goes back to x's dtype (autocast's cast node)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, cast: torch.Tensor) -> torch.Tensor:
+        ctx.dtype = x.dtype
+        return cast.view_as(cast)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad.to(ctx.dtype), None
+
+
+_memo = threading.local()  # the last input cast: (weakref to the input, its version, dtype, the cast)
+
+
+def _shared_input(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`x.to(dtype)` as autocast casts a linear layer's float32 input, the copy shared by the layers that read the
+    same `x` one after another."""
+    if x.dtype != torch.float32 or dtype == x.dtype:
+        return x.to(dtype)
+    last = getattr(_memo, "last", None)
+    if last is not None and last[0]() is x and last[1] == x._version and last[2] == dtype:
+        cast = last[3]
+    else:
+        cast = x.detach().to(dtype)
+        _memo.last = (weakref.ref(x), x._version, dtype, cast)
+    if torch.is_grad_enabled() and x.requires_grad:
+        return _SharedCast.apply(x, cast)
+    return cast
+
+
 def _cached_linear_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     weight = self.weight
-    if weight.requires_grad or not torch.is_autocast_enabled("cpu") or weight.device.type != "cpu":
+    if not torch.is_autocast_enabled("cpu") or weight.device.type != "cpu":
         return nn.Linear.forward(self, x)
     dtype = torch.get_autocast_dtype("cpu")
+    if weight.requires_grad:  # autocast casts the weight (its own cache for a trained leaf); the input is shared
+        return F.linear(_shared_input(x, dtype), weight, self.bias)
     key = (dtype, weight.data_ptr(), weight._version)  # an in-place load or a moved tensor invalidates the copy
     if getattr(self, "_autocast_copy_key", None) != key:
         self._autocast_copy = weight.detach().to(dtype)
         self._autocast_copy_key = key
     bias = None if self.bias is None else self.bias.to(dtype)
-    return F.linear(x.to(dtype), self._autocast_copy, bias)
+    return F.linear(_shared_input(x, dtype), self._autocast_copy, bias)
 
 
 def cache_frozen_linears(module: nn.Module) -> int:
