@@ -7,6 +7,7 @@ import pytest
 import torch
 from datasets import Dataset
 from peft import LoraConfig, PeftModel
+from rounding import assert_trained_weights_close, trained_weights
 from transformers import AutoModelForCausalLM
 
 from trl_collm import MultiAgentEnv, MultiAgentMCConfig, MultiAgentMCTrainer, RewardFunctionEnv, StepResult
@@ -363,3 +364,48 @@ def test_a_longer_budget_repeats_a_shorter_runs_start_only_at_a_constant_rate(
 
     assert same(1)  # the first update runs at the initial rate in both
     assert same(2) == (schedule == "constant")
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "reinforce"])
+def test_old_logprobs_from_the_update_match_the_scoring_pass(tmp_path, qwen_path, prompts_dataset, loss_type):
+    """Skipping scoring's old log-prob forward (`old_logprobs_from_update`, trainers/plan.py) must not change a single
+    update: same weights and logged losses, up to float rounding, as a run with the switch off, which scores them;
+    and each run really took its path (the short one only the update's forwards, with gradients)."""
+    from trl_collm.testing import CPU_RUN_SETTINGS
+
+    runs = []
+    for switch in (True, False):
+        args = MultiAgentMCConfig(
+            output_dir=str(tmp_path / str(switch)),
+            agent_names=["a", "b"],
+            num_generations=2,
+            per_device_train_batch_size=2,
+            total_episodes=4,
+            response_length=4,
+            learning_rate=1e-2,
+            loss_type=loss_type,
+            old_logprobs_from_update=switch,
+            seed=0,
+            **CPU_RUN_SETTINGS,
+        )
+        trainer = MultiAgentMCTrainer(args=args, model=qwen_path, train_dataset=prompts_dataset, reward_funcs=_reward)
+        assert trainer.plan_iteration(4).old_logprobs_from_update.on is switch
+        before = trained_weights(trainer)
+        calls = []
+        original = trainer.team.logprobs
+        trainer.team.logprobs = lambda *a, **k: calls.append(torch.is_grad_enabled()) or original(*a, **k)
+        trainer.train()
+        after = trained_weights(trainer)
+        assert all(not torch.equal(before[a], after[a]) for a in after), "every agent trained"
+        logged = [h for h in trainer.state.log_history if "loss/policy_avg" in h]
+        runs.append((after, logged, calls))
+    (weights_on, logs_on, calls_on), (weights_off, logs_off, calls_off) = runs
+    # 2 iterations x 2 agents: the short path makes only the update's forwards; the switched-off one scores as well.
+    assert calls_on == [True] * 4 and calls_off.count(True) == 4 and calls_off.count(False) == 4
+    for a in weights_on:  # GRPO's ratio: scoring's forward and the update's (on the kept prefill) differ by rounding
+        assert_trained_weights_close(weights_on[a], weights_off[a], lr=1e-2)
+        assert torch.equal(weights_on[a], weights_off[a]) or loss_type != "reinforce"  # REINFORCE reads none
+    assert len(logs_on) == len(logs_off) == 2
+    for hon, hoff in zip(logs_on, logs_off):
+        for key in ("loss/policy_avg", "objective/scores", "policy/entropy_avg"):
+            assert hon[key] == pytest.approx(hoff[key], rel=1e-4, abs=1e-6), key

@@ -3,8 +3,8 @@
 The configs are built (no model loads); the facts are what a trainer would report. `-` in a row: the decision is
 off, and its reason must contain the text given; `+`: on, with the text given. Decisions a row does not name are
 checked against the baseline row (everything on, PPO: one epoch, one minibatch, 4 pairs in one micro-batch of 4).
-The trainers' equivalence tests (tests/test_trainer_e2e.py, tests/test_prompt_cache.py) check that each shortcut
-trains as the path it skips.
+The trainers' equivalence tests (tests/test_trainer_e2e.py, tests/test_prompt_cache.py, tests/test_mc.py) check
+that each shortcut trains as the path it skips.
 """
 
 from __future__ import annotations
@@ -276,6 +276,20 @@ TABLE = [
         dict(loss_type="grpo"),
         {},
         dict(MC_ONE_LOOK, old_logprobs_from_update="-the optimizer steps per iteration are unknown"),
+    ),
+    (
+        "MC, switch: old log-probs from the update",
+        "mc",
+        dict(old_logprobs_from_update=False),
+        {},
+        dict(MC_ONE_LOOK, old_logprobs_from_update="-old_logprobs_from_update=False"),
+    ),
+    (
+        "MC, a GRPO loss, one optimizer step, switch off",
+        "mc",
+        dict(loss_type="grpo", old_logprobs_from_update=False),
+        dict(optimizer_steps=1),
+        dict(MC_ONE_LOOK, old_logprobs_from_update="-old_logprobs_from_update=False"),
     ),
     (
         "MC, REINFORCE with a KL term",

@@ -31,9 +31,9 @@ from ..cpu.lora_mixed import stacks_kept
 from ..team.modeling import base_model_of
 from ..team.prefix import decode_cache_kwargs
 from ..team.prompt_cache import PromptCache, prefill
+from .generation_kwargs import LOGIT_CHANGING_SETTINGS
 from .sampler import (
     BACKENDS,
-    LOGIT_CHANGING_SETTINGS,
     BackendOptions,
     GenerationBackend,
     GenerationRequest,
@@ -42,8 +42,8 @@ from .sampler import (
     register_backend,
 )
 
-# Generation-config settings that change the logits before a user's logits processor sees them (the table lives with
-# `SamplingSettings.changes_logits`, which reads it for GRPO's `repetition_penalty` / `generation_kwargs`). With any of
+# Generation-config settings that change the logits before a user's logits processor sees them (the table lives in
+# generation_kwargs.py, which `SamplingSettings.changes_logits` reads for GRPO's `generation_kwargs`). With any of
 # them set, the logits at sampling time are not the policy's, so the log-probs are left to the scoring forward.
 _LOGIT_CHANGING_SETTINGS = LOGIT_CHANGING_SETTINGS
 

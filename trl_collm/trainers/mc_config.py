@@ -134,6 +134,14 @@ class MultiAgentMCConfig(GRPORefusedFields, TeamConfig):
         update_schedule (`str`, *optional*, defaults to `'joint'`):
             'joint': one optimizer step per minibatch for all agents; 'per_agent_turn': one step per (agent, turn) group
             (MAGRPO).
+
+        > Parameters that switch the iteration's shortcuts (trl_collm/trainers/plan.py says when each applies)
+
+        old_logprobs_from_update (`bool`, *optional*, defaults to `True`):
+            Skip scoring's old log-prob forward when the update's first forward gives them: GRPO's loss types take
+            the update's own log-probs (detached: the ratio is 1 there) when the iteration has one optimizer step;
+            REINFORCE without a KL term reads none. Same numbers up to float rounding; False: always a scoring
+            forward.
     """
 
     presets = MC_PRESETS
@@ -249,6 +257,17 @@ class MultiAgentMCConfig(GRPORefusedFields, TeamConfig):
     )
     preset: str | None = field(
         default=None, metadata={"help": "'magrpo': MAGRPO's update rule (see docs/algorithm.md)."}
+    )
+    # ------------------------------------------------------------------ the iteration's shortcuts (trainers/plan.py)
+    old_logprobs_from_update: bool = field(
+        default=True,
+        metadata={
+            "help": (
+                "Skip scoring's old log-prob forward when the update's first forward gives them (GRPO's loss types "
+                "with one optimizer step per iteration; REINFORCE without a KL term reads none; see "
+                "trl_collm/trainers/plan.py). False: a scoring forward."
+            )
+        },
     )
 
     def uses_reference(self) -> bool:

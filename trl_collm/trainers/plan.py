@@ -20,7 +20,7 @@ agree. Where the rule holds, a forward the iteration would run twice with the sa
 - `reuse_rollout_prefill` (PPO, MC) skips the update's prompt forward: the rollout's prompt prefill, run with
   gradients, is reused. Also needs the graphs can wait and a backend that keeps the prefill (`generate()`).
 
-Each is a config field (default True) that switches it off.
+Each is a config field (default True) that switches it off (MC's `old_logprobs_from_update` too).
 
 "The graphs can wait" (`graphs_can_wait`): graphs built before the update's first backward are held until it, so
 every (row, turn) pair of the iteration is in one micro-batch (each graph is backpropagated once, in one loss), no
@@ -154,6 +154,7 @@ def _mc_old_logprobs(args, facts: PlanFacts) -> Decision:
     grpo = args.loss_type in GRPO_LOSS_TYPES
     steps = facts.optimizer_steps
     return _first(
+        (not args.old_logprobs_from_update, "old_logprobs_from_update=False"),
         (
             args.use_vllm and args.vllm_importance_sampling_correction,
             "vLLM's importance-sampling correction compares the engine's log-probs with the sampling weights' own",

@@ -3,7 +3,7 @@
 One iteration:
 1. roll out a batch of episodes (shared runner, `rollout.py`);
 2. score it without gradients: old / reference log-probs, critic values, rewards (+ KL, missing-EOS penalty),
-   advantages and returns (GAE over turns, or over tokens as TRL's PPO);
+   advantages and returns (GAE over turns, or over tokens as TRL's PPO: `ppo_advantages.py`);
 3. update: PPO epochs x minibatches, each a sum of the agents' policy losses + vf_coef * critic loss and one
    optimizer step (or, with `critic_updates="per_agent"`, the reference code's schedule: one step per agent and turn).
 """
@@ -11,7 +11,7 @@ One iteration:
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -19,8 +19,9 @@ from .. import algorithms as alg
 from ..critics import CriticBatch, build_critic
 from ..rollout import Rollout
 from ..value_stats import RunningMeanStd, explained_variance
-from .base import TeamTrainerBase, _chunked
+from .base import TeamTrainerBase
 from .plan import IterationPlan, make_plan
+from .ppo_advantages import PPOAdvantageEstimation, PPOAdvantages, ValueTargets
 from .ppo_config import MultiAgentPPOConfig
 from .scored import ScoredTurn
 from .updates import _rows_of
@@ -32,30 +33,6 @@ class PPOTurn(ScoredTurn):
 
     kl: torch.Tensor | None = None  # (B, Lr) per-token KL to the reference (kl_coef != 0)
     # old_logprobs None: the plan takes them from the update's first forward (`plan.old_logprobs_from_update`)
-
-
-@dataclass
-class ValueTargets:
-    """PPO's targets for one critic batch (its scoring pass made them, so they live here, not in the critic's
-    CriticBatch): the values the clipped value loss starts from, the returns it moves them to."""
-
-    old_values: torch.Tensor  # (B, k) turn-level or (B, Lr) token-level
-    returns: torch.Tensor  # same shape
-    mask: torch.Tensor | None = None  # (B, Lr) token-level: the response tokens; None: turn-level
-
-
-@dataclass
-class PPOAdvantages:
-    """What an advantage function returns: normalised advantages per turn and agent, the critic's statistics, and the
-    value targets (one `ValueTargets` per critic batch, in the batches' order)."""
-
-    advantages: list[dict[str, torch.Tensor]]  # [t][agent]: (B,) turn-level or (B, Lr) token-level
-    values: torch.Tensor  # the played entries' values, returns and raw advantages, flat (statistics)
-    returns: torch.Tensor
-    raw_advantages: torch.Tensor
-    value_table: torch.Tensor | None = None  # (E, T, n) turn-level values and returns (per-agent diagnostics)
-    return_table: torch.Tensor | None = None
-    targets: list[ValueTargets] = field(default_factory=list)
 
 
 @dataclass
@@ -73,7 +50,7 @@ class ScoredRollout:
     value_forward: list[torch.Tensor] | None = None
 
 
-class MultiAgentPPOTrainer(TeamTrainerBase):
+class MultiAgentPPOTrainer(PPOAdvantageEstimation, TeamTrainerBase):
     """Multi-agent PPO with a team critic: CoLLM-CC (`critic_type="centralized"`, one critic sees every agent) or
     CoLLM-DC (`"decentralized"`, one critic per agent). With one model and no team options it behaves as TRL's last
     `PPOTrainer`, and it takes that trainer's arguments in the same order.
@@ -229,15 +206,6 @@ class MultiAgentPPOTrainer(TeamTrainerBase):
         critic.set_context_limits(args.response_length if token_level else 0)
         return critic
 
-    def _values(self, cb: CriticBatch) -> torch.Tensor:
-        """The critic's values for a whole batch, in chunks of local_rollout_forward_batch_size rows."""
-        device = self.accelerator.device
-        return _chunked(
-            lambda s: self.critic.values(cb, device, torch.arange(len(cb.views))[s]),
-            len(cb.views),
-            self.args.local_rollout_forward_batch_size,
-        )
-
     # ------------------------------------------------------------------ scoring (no grad)
     @torch.no_grad()
     def score_rollout(self, roll: Rollout, plan: IterationPlan | None = None) -> ScoredRollout:
@@ -322,86 +290,6 @@ class MultiAgentPPOTrainer(TeamTrainerBase):
         for i, a in enumerate(self.team.names):
             metrics[f"{a}/objective/kl"] = float(kl_seq[:, :, i].sum(1).mean())
         return metrics
-
-    def _turn_advantages(
-        self, roll: Rollout, cbs: list[CriticBatch], rewards: torch.Tensor, values: list | None = None
-    ) -> PPOAdvantages:
-        """Turn-level GAE: each completion is one action valued at the end of its view. `values`: the critic's
-        values of every view of each batch when the caller has them already (deferred to the update), else a
-        scoring forward computes them."""
-        args, names = self.args, self.team.names
-        n, E, T = len(names), roll.num_episodes, roll.num_turns
-        V = torch.zeros(E, T, n)
-        old_values = []
-        for k, cb in enumerate(cbs):
-            v = (self._values(cb) if values is None else values[k]).float().cpu()
-            if self.value_rms is not None:
-                v = self.value_rms.denormalize(v)
-            old_values.append(v)
-            cb.scatter_values(v, V, names)
-        mask = roll.turn_mask
-        adv = torch.zeros(E, T, n)
-        ret = torch.zeros(E, T, n)
-        for i in range(n):
-            adv[:, :, i], ret[:, :, i] = alg.gae(rewards[:, :, i], V[:, :, i], mask.float(), args.gamma, args.lam)
-        values, returns, raw = V[mask], ret[mask], adv[mask]
-        targets = [ValueTargets(v, cb.column_targets(ret, names)) for cb, v in zip(cbs, old_values)]
-        adv = self._normalize_advantages(adv, mask)
-        per_turn = [
-            {a: adv[turn[a].episode_ids, t, i] for i, a in enumerate(names)} for t, turn in enumerate(roll.turns)
-        ]
-        return PPOAdvantages(per_turn, values, returns, raw, value_table=V, return_table=ret, targets=targets)
-
-    def _normalize_advantages(self, adv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        E, T, n = adv.shape
-        agent_id = torch.arange(n).view(1, 1, n).expand(E, T, n)
-        turn_id = torch.arange(T).view(1, T, 1).expand(E, T, n)
-        full_mask = mask.unsqueeze(-1).expand(E, T, n)
-        scope, floor = self.args.advantage_norm_scope, self.args.advantage_norm_std_floor
-        return alg.normalize_by_scope(adv, full_mask, agent_id, turn_id, scope, floor)
-
-    def _token_advantages(
-        self, turns: list[dict[str, PPOTurn]], cbs: list[CriticBatch], scores: torch.Tensor
-    ) -> PPOAdvantages:
-        """TRL PPO semantics: per-token values, per-token KL penalty, score at the last response token."""
-        args, names = self.args, self.team.names
-        turn = turns[0]
-        raw, targets = {}, []
-        all_values, all_returns, all_adv = [], [], []
-        for cb in cbs:
-            a = cb.agents[0]
-            st = turn[a]
-            mask = st.gen.response_mask
-            v = self._values(cb).float()
-            if self.value_rms is not None:
-                v = self.value_rms.denormalize(v)
-            v = v.masked_fill(~mask, 0)
-            kl = st.kl if st.kl is not None else torch.zeros_like(v)
-            r, non_score = alg.token_level_rewards(
-                scores[st.episode_ids, 0, names.index(a)].to(v.device), kl, mask, args.kl_coef
-            )
-            if args.whiten_rewards:
-                r = alg.whiten(r, mask, shift_mean=False)
-            adv, ret = alg.gae(r, v, mask.float(), args.gamma, args.lam)
-            targets.append(ValueTargets(v, ret, mask))
-            raw[a] = adv
-            all_values.append(v[mask]), all_returns.append(ret[mask]), all_adv.append(adv[mask])
-        # One turn: each agent's valid tokens, flattened, through the turn level's normalisation.
-        masks, scope = {a: turn[a].gen.response_mask for a in names}, args.advantage_norm_scope
-        sizes = [int(masks[a].sum()) for a in names]
-        agent_id = torch.cat([torch.full((k,), i) for i, k in enumerate(sizes)])
-        flat = torch.cat([raw[a][masks[a]] for a in names])
-        flat = alg.normalize_by_scope(flat, None, agent_id, 0 * agent_id, scope, args.advantage_norm_std_floor)
-        normalized = {}
-        for a, part in zip(names, flat.split(sizes)):
-            normalized[a] = raw[a] if scope == "none" else torch.zeros_like(raw[a]).masked_scatter(masks[a], part)
-        return PPOAdvantages(
-            [normalized],
-            torch.cat(all_values).cpu(),
-            torch.cat(all_returns).cpu(),
-            torch.cat(all_adv).cpu(),
-            targets=targets,
-        )
 
     # ------------------------------------------------------------------ update
     def training_iteration(self, rows: list[dict]) -> dict:
