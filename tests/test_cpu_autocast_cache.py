@@ -1,6 +1,7 @@
 """The bf16 copies of frozen linear weights under CPU autocast (trl_collm.cpu.autocast_cache): the same numbers as
 plain autocast, made once per weight, refreshed when the weight changes, and never used for a weight that trains."""
 
+import pytest
 import torch
 from torch import nn
 
@@ -152,3 +153,22 @@ def test_a_changed_input_is_cast_again():
         x.mul_(3.0)  # in place: a new version of the same tensor object, which the memo must not serve
         second = net[0](x)
         assert torch.equal(second, plain[0](x)) and not torch.equal(first, second)
+
+
+def test_calls_without_a_graph_use_the_packed_weight_with_the_same_outputs():
+    from trl_collm.cpu.autocast_cache import _can_prepack
+
+    if not _can_prepack(torch.bfloat16):
+        pytest.skip("this CPU's oneDNN does not run bf16 natively: the packed path is off")
+    net, plain = _net(), _net()
+    cache_frozen_linears(net)
+    x = torch.randn(6, 16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        with_graph = net(x.requires_grad_())  # a graph: F.linear on the bf16 copy, nothing packed
+        assert net[0]._autocast_packed is None
+        with torch.no_grad():
+            packed = net(x)
+        assert net[0]._autocast_packed is not None and net[0]._autocast_packed.is_mkldnn
+        with torch.no_grad():
+            want = plain(x)
+    assert torch.equal(packed, want) and torch.equal(with_graph.detach(), want)

@@ -8,7 +8,8 @@ alternating rounds in one process (CPU seconds, one thread):
 - `plain`: transformers' `DynamicCache` (a `torch.cat` of every layer's cache per step) and PEFT's mixed batch;
 - `decode cache`: `trl_collm.cpu.kv_cache.DecodeCache` (written in place) and PEFT's mixed batch;
 - `+ stacked LoRA`: DecodeCache and `trl_collm.cpu.lora_mixed` (the mixed batch as two stacked matmuls per layer),
-  what the trainers run on a CPU;
+  what the trainers run on a CPU (under bf16 with the frozen weights prepacked for oneDNN: `cpu/autocast_cache.py`);
+- `unpacked`: the same with the frozen bf16 weights multiplied by `F.linear` (reordered at every call);
 - `one adapter` / `no adapter`: the same step with one adapter for all rows / the bare base (what the mixing costs).
 
 Under `--dtype bf16` the model runs under CPU bf16 autocast with the trainers' other CPU adaptations (bf16 copies of
@@ -29,7 +30,7 @@ import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-VARIANTS = ("plain", "decode cache", "+ stacked LoRA", "one adapter", "no adapter")
+VARIANTS = ("plain", "decode cache", "+ stacked LoRA", "unpacked", "one adapter", "no adapter")
 
 
 def build_team(model_path: str, bf16: bool):
@@ -84,6 +85,13 @@ def step_ms(team, ids, variant: str, steps: int) -> float:
         return 1000 * (time.process_time() - c0) / steps
 
 
+def use_prepacked(team, on: bool) -> None:
+    """Frozen bf16 weights multiplied prepacked (`on`) or through `F.linear` (cpu/autocast_cache.py)."""
+    for module in team.modules():
+        if getattr(module, "_autocast_cached", False):
+            module._prepack = on
+
+
 def use_stacked(team, on: bool) -> None:
     """Mixed-adapter batches through cpu/lora_mixed.py (`on`) or PEFT's own `_mixed_batch_forward`."""
     from trl_collm.cpu.lora_mixed import stack_mixed_lora_batches
@@ -110,6 +118,7 @@ def measure(model_path: str, dtype: str, rows: int, prompt: int, steps: int, rou
         for r in range(rounds):
             for variant in VARIANTS if r % 2 == 0 else VARIANTS[::-1]:
                 use_stacked(team, variant not in ("plain", "decode cache"))
+                use_prepacked(team, variant != "unpacked")
                 got[variant].append(step_ms(team, ids, variant, steps))
     return {v: statistics.median(t) for v, t in got.items()}
 

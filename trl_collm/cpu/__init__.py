@@ -1,8 +1,9 @@
 """What running on a CPU changes, in one room: each adaptation keeps the numbers of the plain path (or says where
 they differ) and is switched on from one place.
 
-- `autocast_cache.py`: one bf16 copy of each frozen linear weight while CPU bf16 autocast is on, and one bf16 copy
-  of each float32 input that several linear layers read (q / k / v, gate / up, a LoRA A beside its base);
+- `autocast_cache.py`: one bf16 copy of each frozen linear weight while CPU bf16 autocast is on (and a oneDNN-packed
+  one for the calls without a graph: decoding), and one bf16 copy of each float32 input that several linear layers
+  read (q / k / v, gate / up, a LoRA A beside its base);
 - `attention.py`: attention computed in float32 under CPU bf16 autocast (torch's CPU kernels are slower in bf16),
   grouped query heads given to the kernel instead of copied keys and values;
 - `mlp.py`: the gated SiLU MLP keeping one activation less for its backward (the same numbers);

@@ -15,6 +15,14 @@ back to float32 on its own, exactly as autocast's cast sends it: the same number
 bf16 copy of each shared input instead of three or four (SmolLM2 under bf16 autocast: 4.1 -> ~1.2 KB kept per
 token and layer) and fewer casts.
 
+And packed: where no graph is built (decoding, scoring without gradients), a frozen layer multiplies by a copy of its
+weight already in oneDNN's blocked layout (`torch.ops.mkldnn._linear_pointwise`, the kernel torch's compiler uses
+for frozen CPU weights), instead of `F.linear`, which reorders the weight at every call. Bitwise the same outputs
+(tested at 1-2,560 rows, with and without bias). Why: a decoding step's matmuls have 16 rows and read each weight
+once, cold; the reorder then costs as much as the product (one 16 x 576 x 1,536 layer, 60 distinct weights in turn,
+one thread: 350 us with `F.linear`, 233 prepacked). Only bf16, where oneDNN runs it natively (checked once); the
+packed copy costs the frozen weights' bf16 size once more.
+
 What it buys, measured (benchmarks/speed/bench_workload.py, issue 28's CC workload, idle machine, docs/benchmarks.md):
 little. A bf16 iteration costs the same with and without the copies (46.9 vs 46.5 CPU ms per generated token); the
 rollout 13.9 vs 14.8 and a bare generate() 15.7 vs 17.8 in one round, so at most a small gain while sampling. (It
@@ -75,18 +83,41 @@ def _cached_linear_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     key = (dtype, weight.data_ptr(), weight._version)  # an in-place load or a moved tensor invalidates the copy
     if getattr(self, "_autocast_copy_key", None) != key:
         self._autocast_copy = weight.detach().to(dtype)
+        self._autocast_packed = None  # packed again at its first use without a graph
         self._autocast_copy_key = key
     bias = None if self.bias is None else self.bias.to(dtype)
-    return F.linear(_shared_input(x, dtype), self._autocast_copy, bias)
+    x = _shared_input(x, dtype)
+    # ZeRO-3 gathers each weight into new memory per call: a packed copy would be rebuilt every time, so none is kept.
+    packable = getattr(self, "_prepack", False) and _can_prepack(dtype) and not hasattr(weight, "ds_id")
+    if packable and not (torch.is_grad_enabled() and x.requires_grad):
+        if self._autocast_packed is None:
+            self._autocast_packed = torch.ops.mkldnn._reorder_linear_weight(self._autocast_copy, None)
+        return torch.ops.mkldnn._linear_pointwise(x, self._autocast_packed, bias, "none", [], "")
+    return F.linear(x, self._autocast_copy, bias)
 
 
-def cache_frozen_linears(module: nn.Module) -> int:
+def _can_prepack(dtype: torch.dtype) -> bool:
+    """Whether oneDNN takes prepacked weights of `dtype` here: bf16 on a CPU whose oneDNN runs it natively."""
+    return dtype == torch.bfloat16 and _PREPACK_BF16
+
+
+_PREPACK_BF16 = (
+    torch.backends.mkldnn.is_available()
+    and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+)
+
+
+def cache_frozen_linears(module: nn.Module, prepack: bool = True) -> int:
     """Let every plain `nn.Linear` under `module` keep a bf16 copy of its weight for CPU autocast while that weight
-    is frozen. Returns how many layers take part (each costs a bf16 copy of its weight, made at its first call)."""
+    is frozen, and (`prepack`) a oneDNN-packed copy for the calls without a graph. Returns how many layers take part
+    (each costs a bf16 copy of its weight, made at its first call, and a packed one at its first call without a
+    graph)."""
     count = 0
     for layer in module.modules():
         if type(layer) is nn.Linear and not getattr(layer, "_autocast_cached", False):
             layer.forward = types.MethodType(_cached_linear_forward, layer)
             layer._autocast_cached = True
+            layer._prepack = prepack
             count += 1
     return count
