@@ -208,7 +208,7 @@ def test_bench_decode_step_smoke(tmp_path):
     result = json.loads(out.read_text())["ms_per_step"]
     assert set(result) == {"bf16", "fp32"}
     for dtype in result.values():
-        assert set(dtype) == {"plain", "decode cache", "+ stacked LoRA", "one adapter", "no adapter"}
+        assert set(dtype) == {"plain", "decode cache", "+ stacked LoRA", "unpacked", "one adapter", "no adapter"}
         assert all(ms > 0 for ms in dtype.values())
     assert stdout.count("plain                 ") == 2 and "1.00x" in stdout
 
