@@ -7,6 +7,7 @@
 #    side by side in one sitting, with the FLOP count and its floor (docs/benchmarks.md, "The arithmetic floor");
 # 2. part 2's one missing cell: MC at lr 1e-3, seed 0, 128 env steps (bf16);
 # 3. part 3: the README's example with its defaults, timed (its bf16 figure predates float32 attention under autocast);
+#    then issue 45's decoding step (prepacked weights against `unpacked`) and the MC vs TRL GRPOTrainer pair in bf16;
 # 4. part 4 (--with-revise): writing-revise, CC and MC x 3 seeds at lr 3e-3.
 # Refuses to run elsewhere: on an AVX2-only CPU bf16 is emulated (~1 GFLOP/s) and every bf16 figure would be wrong.
 set -euo pipefail
@@ -48,9 +49,20 @@ if [ ! -f "$example_log" ]; then
   python examples/smollm2_team.py --output-dir "$out/smollm2-team" 2>&1 | tee "$example_log.partial"
   mv "$example_log.partial" "$example_log"
 fi
+decode="docs/data/bench_decode_step_native_bf16_$day.json"
+if [ ! -f "$decode" ]; then
+  echo "== 3b. one decoding step of the two-adapter team, bf16, each CPU adaptation on and off (~5 min)"
+  python benchmarks/speed/bench_decode_step.py --dtype bf16 --rounds 2 --json "$decode"
+fi
+grpo="docs/data/vs_trl_mc_grpo_smollm2_native_bf16_$day.json"
+if [ ! -f "$grpo" ]; then
+  echo "== 3c. MC (one agent) against TRL's GRPOTrainer on the real model, bf16 (~10 min)"
+  python benchmarks/compare/vs_trl/mc_vs_grpo.py --model smollm2-135m-instruct --lora --dtype bf16 --steps 6 \
+    --prompts 2 --group 4 --completion-length 24 --rounds 2 --sides ours trl --json "$grpo"
+fi
 if [ "$with_revise" = 1 ]; then
   echo "== 4. writing-revise, CC and MC x 3 seeds (hours; resumes)"
   python benchmarks/research/real_findings.py writing-revise --methods cc mc --seeds 0 1 2 --lrs 0.003 --compute bf16 \
     --jobs 2 --resample-seeds 1235
 fi
-echo "done: $bench, docs/data/real_findings/, $example_log"
+echo "done: $bench, $decode, $grpo, docs/data/real_findings/, $example_log"
