@@ -92,33 +92,29 @@ def register() -> str:
 def use_cpu_attention(module: nn.Module) -> int:
     """Switch every transformers model under `module` from `sdpa` to NAME; returns how many were switched. Models
     with another attention (eager, flash, a kernel the user chose) are left as they are."""
-    from transformers import PreTrainedModel
-
     register()
-    switched = 0
-    for m in module.modules():
-        config = getattr(m, "config", None)
-        if isinstance(m, PreTrainedModel) and getattr(config, "_attn_implementation", None) == "sdpa":
-            m.set_attn_implementation(NAME)
-            switched += 1
-    return switched
+    return len(_switch(module, "sdpa", NAME))
 
 
 @contextlib.contextmanager
 def transformers_sdpa(module: nn.Module):
     """transformers' own `sdpa` for the models under `module` switched to NAME, for the duration: transformers'
     continuous batching accepts only the implementations it knows (it runs its own paged variant of `sdpa`)."""
-    from transformers import PreTrainedModel
-
-    switched = [
-        m
-        for m in module.modules()
-        if isinstance(m, PreTrainedModel) and getattr(m.config, "_attn_implementation", None) == NAME
-    ]
-    for m in switched:
-        m.set_attn_implementation("sdpa")
+    switched = _switch(module, NAME, "sdpa")
     try:
         yield
     finally:
         for m in switched:
             m.set_attn_implementation(NAME)
+
+
+def _switch(module: nn.Module, old: str, new: str) -> list:
+    """Set attention `new` on every transformers model under `module` whose attention is `old`; returns them."""
+    from transformers import PreTrainedModel
+
+    switched = []
+    for m in module.modules():  # checked as it goes: switching a model also switches the submodels sharing its config
+        if isinstance(m, PreTrainedModel) and getattr(m.config, "_attn_implementation", None) == old:
+            m.set_attn_implementation(new)
+            switched.append(m)
+    return switched
