@@ -6,6 +6,7 @@ the trainers turning it on for every CPU run."""
 import json
 
 import torch
+from backward import forward_backward
 from transformers import AutoModelForCausalLM
 
 from trl_collm.cpu.attention import NAME, use_cpu_attention
@@ -40,26 +41,11 @@ def test_float32_runs_are_bitwise_transformers_sdpa(qwen_path):
         )
 
 
-def _kept_bytes_and_grads(model, ids, mask, pos):
-    """Bytes autograd keeps for the backward (each tensor once) and the weights' gradients of one loss."""
-    kept = {}
-
-    def pack(t):
-        kept[t.data_ptr()] = t.numel() * t.element_size()
-        return t
-
-    model.zero_grad(set_to_none=True)
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        logits = model(input_ids=ids, attention_mask=mask, position_ids=pos).logits
-    (logits.logsumexp(-1) * mask).sum().backward()
-    return sum(kept.values()), {n: p.grad.clone() for n, p in model.named_parameters()}
-
-
 def test_grouped_heads_keep_less_and_give_the_same_gradients(qwen_path):
     plain, f32 = _models(qwen_path)
     ids, mask, pos = _batch()
-    plain_bytes, want = _kept_bytes_and_grads(plain, ids, mask, pos)
-    grouped_bytes, got = _kept_bytes_and_grads(f32, ids, mask, pos)
+    _, plain_bytes, want = forward_backward(plain, ids, attention_mask=mask, position_ids=pos)
+    _, grouped_bytes, got = forward_backward(f32, ids, attention_mask=mask, position_ids=pos)
     # The tiny Qwen2 (4 query heads, 2 key / value heads, head size 8, 2 layers, 3 x 24 tokens): transformers keeps
     # float32 keys and values copied to 4 heads, 2 x 4 x 8 x 4 B per token and layer; grouped keeps them at 2 heads:
     # 2 x 2 x 8 x 4 B = 128 B less per token and layer.

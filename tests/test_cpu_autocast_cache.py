@@ -3,6 +3,7 @@ plain autocast, made once per weight, refreshed when the weight changes, and nev
 
 import pytest
 import torch
+from backward import forward_backward
 from torch import nn
 
 from trl_collm.cpu.autocast_cache import cache_frozen_linears
@@ -110,30 +111,14 @@ def _lora_qwen(path):
     return model
 
 
-def _forward_backward(model, ids):
-    kept = {}
-
-    def pack(t):
-        kept[t.data_ptr()] = t.numel() * t.element_size()
-        return t
-
-    model.zero_grad(set_to_none=True)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            logits = model(input_ids=ids).logits
-        logits.float().logsumexp(-1).sum().backward()
-    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-    return logits.detach(), sum(kept.values()), grads
-
-
 def test_shared_input_casts_give_the_same_numbers_and_keep_one_copy(qwen_path):
     """q / k / v (and gate / up, and each LoRA A beside its base) read one bf16 copy of their float32 input: the
     logits and every LoRA gradient bitwise those of plain autocast, one cast copy kept per shared input."""
     plain, shared = _lora_qwen(qwen_path), _lora_qwen(qwen_path)
     cache_frozen_linears(shared)
     ids = torch.randint(5, 200, (3, 24), generator=torch.Generator().manual_seed(0))
-    want, plain_bytes, want_grads = _forward_backward(plain, ids)
-    got, shared_bytes, got_grads = _forward_backward(shared, ids)
+    want, plain_bytes, want_grads = forward_backward(plain, ids, bf16=True)
+    got, shared_bytes, got_grads = forward_backward(shared, ids, bf16=True)
     assert torch.equal(got, want)
     assert want_grads.keys() == got_grads.keys() and len(want_grads) == 2 * 3 * 2  # 2 layers x 3 modules x A, B
     for name, g in want_grads.items():

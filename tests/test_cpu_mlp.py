@@ -4,6 +4,7 @@ and the trainers switching it on for CPU runs."""
 
 import pytest
 import torch
+from backward import forward_backward
 from torch import nn
 from transformers import AutoModelForCausalLM
 
@@ -18,27 +19,12 @@ def _pair(path):
     return plain, lean
 
 
-def _run(model, ids, bf16):
-    kept = {}
-
-    def pack(t):
-        kept[t.data_ptr()] = t.numel() * t.element_size()
-        return t
-
-    model.zero_grad(set_to_none=True)
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            logits = model(input_ids=ids).logits
-        logits.float().logsumexp(-1).sum().backward()
-    return logits.detach(), sum(kept.values()), {n: p.grad for n, p in model.named_parameters()}
-
-
 @pytest.mark.parametrize("bf16", [False, True])
 def test_same_numbers_bitwise_and_one_activation_less(qwen_path, bf16):
     plain, lean = _pair(qwen_path)
     ids = torch.randint(5, 200, (3, 24), generator=torch.Generator().manual_seed(0))
-    want, plain_bytes, want_grads = _run(plain, ids, bf16)
-    got, lean_bytes, got_grads = _run(lean, ids, bf16)
+    want, plain_bytes, want_grads = forward_backward(plain, ids, bf16)
+    got, lean_bytes, got_grads = forward_backward(lean, ids, bf16)
     assert torch.equal(got, want)
     for name, g in want_grads.items():
         assert torch.equal(got_grads[name], g), name
