@@ -187,6 +187,23 @@ def test_the_flop_counter_counts_cpu_attention_and_matmuls_by_hand():
     assert counter.get_total_flops() - attention == 2 * 7 * 6 * 8 * 2
 
 
+def test_the_flop_counter_counts_prepacked_linears_by_hand():
+    """The frozen bf16 layers decode through oneDNN's linear on a prepacked weight (cpu/autocast_cache.py), an op
+    torch's counter does not know: taught it, a (3, 5, 6) input times an (8, 6) weight counts 2·15·6·8."""
+    import torch
+
+    if not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
+        pytest.skip("this torch build has no oneDNN linear")
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks", "speed"))
+    from bench_iteration import flop_counter
+
+    x, w = torch.randn(3, 5, 6), torch.randn(8, 6)
+    with flop_counter() as counter:
+        y = torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
+    assert y.shape == (3, 5, 8)
+    assert counter.get_total_flops() == 2 * 15 * 6 * 8
+
+
 def test_the_phase_floor_is_the_larger_of_arithmetic_and_weight_bytes_by_hand():
     """bench_workload.phase_floors: at 100 GFLOP/s and 10 GB/s, 0.5 GFLOP is 5 ms and 80 MB is 8 ms (bytes bound);
     2 GFLOP is 20 ms against 30 MB's 3 ms (flops bound); the total sums the phases' floors."""

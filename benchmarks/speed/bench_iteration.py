@@ -34,6 +34,7 @@ import functools
 import gc
 import io
 import json
+import math
 import os
 import platform
 import pstats
@@ -95,9 +96,11 @@ PHASE_METHODS = {
 
 
 def flop_counter():
-    """torch's FlopCounterMode (matmuls and attention, forward and backward), taught the CPU's own attention kernels,
-    which torch 2.13's registry lacks (it knows the CUDA flash / efficient ones): without them a CPU run would count
-    no attention at all. Counts are dense (a masked-out score counts as computed), as torch counts its own kernels."""
+    """torch's FlopCounterMode (matmuls and attention, forward and backward), taught the CPU kernels that torch 2.13's
+    registry lacks: its own attention kernels (it knows the CUDA flash / efficient ones; without them a CPU run would
+    count no attention at all) and oneDNN's linear on a prepacked weight (`mkldnn._linear_pointwise`, what the
+    frozen bf16 layers run without a graph, cpu/autocast_cache.py; without it a bf16 decode counted ~a tenth of its
+    arithmetic). Counts are dense (a masked-out score counts as computed), as torch counts its own kernels."""
     from torch.utils import flop_counter as fc
 
     aten = torch.ops.aten
@@ -108,10 +111,16 @@ def flop_counter():
     def backward(grad_out, query, key, value, *args, out_shape=None, **kwargs):
         return fc.sdpa_backward_flop_count(grad_out, query, key, value)
 
+    def linear(x_shape, *args, out_shape=None, **kwargs):
+        # x (..., K) times a (N, K) weight in oneDNN's layout: 2·K·N per row, read off the input and output shapes
+        return 2 * math.prod(x_shape) * out_shape[-1]
+
     mapping = {
         aten._scaled_dot_product_flash_attention_for_cpu: forward,
         aten._scaled_dot_product_flash_attention_for_cpu_backward: backward,
     }
+    if hasattr(torch.ops.mkldnn, "_linear_pointwise"):
+        mapping[torch.ops.mkldnn._linear_pointwise] = linear
     return fc.FlopCounterMode(display=False, custom_mapping=mapping)
 
 
