@@ -398,19 +398,19 @@ def main():
         )
         print(
             f"{'tree':<28} {'compute':<7} {'micro':>5} {'GFLOP':>6} {'weight MB':>9} {'rollout floor':>16} "
-            f"{'update floor':>16} {'floor ms':>8} {'measured/floor':>14}"
+            f"{'scoring floor':>16} {'update floor':>16} {'floor ms':>8} {'measured/floor':>14}"
         )
         for r in rows:
             g, mb, floors = r["gflop_per_token"], r.get("weight_mb_per_token", {}), r["floor_ms_per_token"]
-            cells = [
-                f"{floors[k]:.1f} ({floors[k + '_bound']}) x{r['ms_per_token'][k] / floors[k]:.1f}"
-                for k in ("rollout", "update")
+            cells = [  # a phase without arithmetic (MC's scoring, or values deferred to the update) has no ratio
+                f"{f:.1f} ({floors[k + '_bound']}) x{r['ms_per_token'][k] / f:.1f}" if f else "-"
+                for k in ("rollout", "score_rollout", "update")
+                for f in [floors[k]]
             ]
             print(
                 f"{os.path.basename(r['tree']) or r['tree']:<28} {r['compute']:<7} {r['micro_batch']:>5} "
-                f"{g['total']:>6.2f} "
-                f"{mb.get('total', 0.0):>9.1f} {cells[0]:>16} {cells[1]:>16} {floors['total']:>8.1f} "
-                f"{r['ms_per_token']['total'] / floors['total']:>13.2f}x"
+                f"{g['total']:>6.2f} {mb.get('total', 0.0):>9.1f} {cells[0]:>16} {cells[1]:>16} {cells[2]:>16} "
+                f"{floors['total']:>8.1f} {r['ms_per_token']['total'] / floors['total']:>13.2f}x"
             )
     if opts.json:
         with open(opts.json, "w") as f:
