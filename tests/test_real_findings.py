@@ -355,3 +355,39 @@ def test_revise_table_is_partial_with_its_spread_and_intervals_and_a_second_rate
 
 def _episode(total):
     return dict(total=total, level1=1.0 if total >= 1.0 else 0.5, level2=0.0, level3=0.0, words=[20, 70])
+
+
+def test_horizon_puts_both_writing_tables_side_by_side_with_env_steps_to_one_level(tmp_path):
+    """benchmarks/research/horizon.py: per method and task, the chosen rate's seeds, held-out return (mean, SD over
+    seeds), paired change, and the env steps at which each seed's moving mean (5 iterations) first reaches the level."""
+    import horizon
+
+    n = 4
+    for task, budget in (("writing-summary", 128), ("writing-revise", 256)):
+        s = real_findings.settings(task, compute="bf16")
+        (tmp_path / task).mkdir()
+        start = dict(real_findings.summarize(task, [_episode(0.5)] * n, 3.0), prompt_form="chat")
+        start.update(plays=_play_run("start", 0, [0.5] * n)["eval"]["plays"], eval_seed=1234)
+        with open(real_findings.start_path(str(tmp_path), task, s), "w") as f:
+            json.dump(start, f)
+        step = budget // 16
+        for seed, (rise, totals) in enumerate([(0.1, [1.5, 1.0, 1.0, 1.5]), (0.05, [1.0, 1.0, 1.0, 1.0])]):
+            run = _play_run("cc", seed, totals)
+            run.update(task=task, lr=3e-3, budget=budget, batch=8, response_length=96, compute="bf16")
+            run["curve"] = [(step * i, 0.5 + rise * i) for i in range(1, 17)]
+            ev = real_findings.summarize(task, [_episode(t) for t in totals], 3.0)
+            run["eval"] = dict(ev, plays=run["eval"]["plays"], eval_seed=1234, prompt_form="chat")
+            with open(real_findings.run_path(str(tmp_path), task, "cc", seed, 3e-3, s), "w") as f:
+                json.dump(run, f)
+    tables = [horizon.cells(str(tmp_path), task, "bf16", level=1.0) for task, _ in horizon.TASKS]
+    one, two = (t["methods"]["cc"] for t in tables)
+    # moving mean of 0.5 + r*i over the last 5 iterations reaches 1.0: r = 0.1 at i = 7 (mean of i 3..7 = 5 -> 1.0),
+    # r = 0.05 at i = 12 (mean of i 8..12 = 10 -> 1.0); env steps = i x the task's steps per iteration
+    assert one["steps_to_level"] == [7 * 8, 12 * 8] and two["steps_to_level"] == [7 * 16, 12 * 16]
+    assert one["heldout"] == pytest.approx((1.25 + 1.0) / 2) and one["heldout_sd"] == pytest.approx(0.125 * 2**0.5)
+    assert one["change"] == pytest.approx((0.75 + 0.5) / 2) and one["seeds"] == [0, 1]
+    text = horizon.format_table(tables, ["1 turn", "2 turns"], 1.0)
+    assert "| starting model | - | 0.500 | - | - | - | 0.500 | - | - |" in text
+    cc = "| CC | 2 (lr 0.003) | 1.125 (0.177) | +0.625 | 76 (2/2 seeds) | 2 (lr 0.003) | 1.125 (0.177) | +0.625 | 152 "
+    assert cc in text
+    assert "| MC | - | - | - | - |" in text  # no runs: dashes, not a crash
