@@ -23,19 +23,13 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from method_intervals import seed_spread  # noqa: E402
 from paper_findings import plot_seed_band, saved_figure, steps_to  # noqa: E402
 from real_findings import paired_change, settings, size_tag, start_path, sweep_runs  # noqa: E402
 from warm_findings import choose_rates  # noqa: E402
 
 TASKS = (("writing-summary", "1 turn"), ("writing-revise", "2 turns"))
 METHODS = ("cc", "dc", "mc")
-
-
-def _mean_sd(xs: list[float]) -> tuple[float, float | None]:
-    mean = sum(xs) / len(xs)
-    if len(xs) < 2:
-        return mean, None
-    return mean, (sum((x - mean) ** 2 for x in xs) / (len(xs) - 1)) ** 0.5
 
 
 def cells(out_dir: str, task: str, compute: str, level: float, sweep_seed: int = 0) -> dict:
@@ -49,14 +43,14 @@ def cells(out_dir: str, task: str, compute: str, level: float, sweep_seed: int =
     out = dict(task=task, size=size_tag(s), start=None if start is None else start["return_mean"], methods={})
     for m, lr in chosen.items():
         got = sorted((r for r in runs if r["method"] == m and r["lr"] == lr), key=lambda r: r["seed"])
-        held, held_sd = _mean_sd([r["eval"]["return_mean"] for r in got])
+        held = seed_spread([r["eval"]["return_mean"] for r in got])
         changes = [c["return_change"] for r in got if start for c in [paired_change(r["eval"], start)] if c]
         out["methods"][m] = dict(
             lr=lr,
             seeds=[r["seed"] for r in got],
             budget=max(r["env_steps"] for r in got),
-            heldout=held,
-            heldout_sd=held_sd,
+            heldout=held["mean"],
+            heldout_sd=held["sd"],
             change=sum(changes) / len(changes) if changes else None,
             steps_to_level=[steps_to(r["curve"], level) for r in got],
             runs=got,
