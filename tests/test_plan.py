@@ -24,7 +24,7 @@ ALL_ON = {
     "graphs_can_wait": "+every (row, turn) pair in one micro-batch of 4",
     "old_logprobs_from_update": "+the update's first forward gives them",
     "old_logprobs_from_sampler": "-the update's first forward gives them",
-    "reuse_value_forward": "+one critic forward with gradients",
+    "reuse_value_forward": "+one critic forward with gradients while scoring, its value loss backpropagated every 2",
     "reuse_rollout_prefill": "+the update forwards only the responses",
 }
 EPOCHS = "-num_ppo_epochs=2: the update sees each row 2 times"
@@ -136,7 +136,8 @@ TABLE = [
         "ppo",
         {},
         dict(pairs=8),
-        dict(graphs_can_wait=WAIT, reuse_value_forward=WAIT, reuse_rollout_prefill=WAIT),
+        # the critic's loss is backpropagated while scoring, chunk by chunk: it never waits for the update
+        dict(graphs_can_wait=WAIT, reuse_rollout_prefill=WAIT),
     ),
     (
         "activation checkpointing",
@@ -145,7 +146,7 @@ TABLE = [
         {},
         dict(
             graphs_can_wait="-activation_checkpointing",
-            reuse_value_forward="-activation_checkpointing",
+            reuse_value_forward="-activation_checkpointing: a chunk's backward would recompute",
             reuse_rollout_prefill="-activation_checkpointing",
         ),
     ),
@@ -156,7 +157,7 @@ TABLE = [
         dict(deepspeed=True),
         dict(
             graphs_can_wait="-DeepSpeed",
-            reuse_value_forward="-DeepSpeed",
+            reuse_value_forward="-DeepSpeed: its engine runs the backward",
             reuse_rollout_prefill="-DeepSpeed",
         ),
     ),

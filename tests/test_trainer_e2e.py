@@ -9,6 +9,7 @@ import os
 import pytest
 import torch
 from datasets import Dataset
+from transformers import TrainerCallback
 
 from trl_collm import MultiAgentEnv, MultiAgentPPOTrainer, StepResult
 
@@ -591,66 +592,136 @@ def test_deferred_old_logprobs_match_the_scoring_pass(tmp_path, make_config, pro
 @pytest.mark.parametrize(
     "overrides",
     [
-        dict(critic_type="centralized"),
-        dict(critic_type="decentralized"),  # two critic batches (one per agent) in the step
+        dict(critic_type="centralized"),  # chunks of 2 of the 4 episodes (the default)
+        dict(critic_type="centralized", value_micro_batch_size=1),
+        dict(critic_type="centralized", value_micro_batch_size=4),  # the whole batch in one chunk
+        dict(critic_type="decentralized"),  # two critic batches (one per agent) in each chunk
+        # 2 turns: a chunk's turn-0 targets read its turn-1 values, and the update's 8 pairs run in two micro-batches
+        dict(critic_type="centralized", num_turns=2),
+        dict(critic_type="decentralized", num_turns=2, value_micro_batch_size=3),
     ],
 )
-def test_deferred_values_match_the_scoring_pass(tmp_path, make_config, prompts_dataset, qwen_path, overrides):
-    """Taking the critic's old values from the update's first critic forward (`reuse_value_forward`) must not change a
-    single update: same weights and logged metrics as a run forced through the scoring pass's critic forward, and
-    the short path really ran (every critic forward with gradients, half as many as the long path)."""
+def test_the_critic_step_while_scoring_matches_the_scoring_pass(
+    tmp_path, make_config, prompts_dataset, qwen_path, overrides
+):
+    """Backpropagating the critic's value loss while scoring, chunk by chunk of episodes (`reuse_value_forward`),
+    must not change a single update: the same weights and logged metrics as a run forced through the scoring pass's
+    critic forward and the update's own value losses; and the short path really ran: every view valued once, with
+    gradients, in chunks of value_micro_batch_size episodes (the long path: every view twice, once without).
+    Plain SGD: Adam would hide a gradient's wrong scale (the critic's adapter is moved by its value loss alone)."""
     runs = []
+    two_turns = overrides.get("num_turns") == 2
     for force in (False, True):
         args = make_config(
             tmp_path / str(force),
-            learning_rate=1e-2,
+            optim="sgd",
+            learning_rate=0.1,
             num_ppo_epochs=1,
             kl_coef=0.0,
             policy_loss_type="ppo",
             reuse_value_forward=not force,
             **overrides,
         )
-        trainer = MultiAgentPPOTrainer(
-            args=args, model=[qwen_path, qwen_path], train_dataset=prompts_dataset, reward_funcs=varied_reward
-        )
+        source = dict(env=TwoTurnEnv()) if two_turns else dict(reward_funcs=varied_reward)
+        trainer = MultiAgentPPOTrainer(args=args, model=[qwen_path, qwen_path], train_dataset=prompts_dataset, **source)
+        assert trainer.plan_iteration(4 * args.num_turns).reuse_value_forward.on is not force
         before = agent_snapshots(trainer), critic_snapshots(trainer)
-        calls = []
+        calls = []  # (with gradients, episodes valued) per critic forward
         original = trainer.critic.values
-        trainer.critic.values = lambda *a, **k: calls.append(torch.is_grad_enabled()) or original(*a, **k)
+
+        def counted(cb, device, rows=None, original=original, calls=calls):
+            picked = cb.episode_ids if rows is None else cb.episode_ids[rows]
+            calls.append((torch.is_grad_enabled(), sorted(picked.tolist())))
+            return original(cb, device, rows)
+
+        trainer.critic.values = counted
         trainer.train()
         logged = [h for h in trainer.state.log_history if "loss/value_avg" in h]
         assert_all_trained(trainer, *before)
-        runs.append((agent_snapshots(trainer), critic_snapshots(trainer), logged, calls))
-    (agents_d, critics_d, logs_d, calls_d), (agents_s, critics_s, logs_s, calls_s) = runs
-    assert calls_d and all(calls_d)  # deferred: only the update's forwards, with gradients
-    assert calls_s.count(False) == len(calls_d) and len(calls_s) == 2 * len(calls_d)
+        runs.append((agent_snapshots(trainer), critic_snapshots(trainer), logged, calls, before[1]))
+    (agents_d, critics_d, logs_d, calls_d, critics_before), (agents_s, critics_s, logs_s, calls_s, _) = runs
+    views = 2 * 4 * (2 if two_turns else 1) * (2 if overrides["critic_type"] == "decentralized" else 1)
+    assert all(grad for grad, _ in calls_d)  # the short path: only forwards with gradients
+    assert sum(len(eps) for _, eps in calls_d) == views  # 2 iterations x 4 episodes x turns x units: each once
+    chunk = overrides.get("value_micro_batch_size", 2)
+    assert max(len(set(eps)) for _, eps in calls_d) == min(chunk, 4)  # no forward reads more than one chunk
+    assert sum(len(eps) for grad, eps in calls_s if not grad) == views  # the long path: a scoring forward ...
+    assert sum(len(eps) for grad, eps in calls_s if grad) == views  # ... and the update's own
     assert_same_snapshots(agents_d, agents_s)
     assert_same_snapshots(critics_d, critics_s)
+    moved = max(float((x - y).abs().max()) for k in critics_d for x, y in zip(critics_d[k], critics_before[k]))
+    assert moved > 1e-3  # far above the comparison's tolerance: a wrong weight on the value loss would show
     assert len(logs_d) == len(logs_s) >= 1
     keys = ("loss/value_avg", "loss/policy_avg", "critic/value_mean", "critic/advantage_std", "val/clipfrac_avg")
     for hd, hs in zip(logs_d, logs_s):
         for key in keys:
+            if two_turns and key in ("loss/value_avg", "val/clipfrac_avg"):
+                continue  # the long path logs the mean of its two micro-batches' means, the short path the batch's
             assert hd[key] == pytest.approx(hs[key], rel=1e-4, abs=1e-6), key
 
 
+def test_a_nonfinite_critic_loss_while_scoring_drops_the_step(tmp_path, make_config, prompts_dataset, qwen_path):
+    """A non-finite value loss backpropagated while scoring (`reuse_value_forward`) drops the iteration's step as a
+    non-finite update loss does: no weight moves on it (the critic's gradients included), the counter says so, and
+    the next iteration trains."""
+    args = make_config(tmp_path, num_agents=2, total_episodes=12, num_ppo_epochs=1, kl_coef=0.0)
+    tr = MultiAgentPPOTrainer(args=args, model=qwen_path, train_dataset=prompts_dataset, reward_funcs=varied_reward)
+    assert tr.plan_iteration(4).reuse_value_forward.on
+    original, calls = tr._value_loss, []
+
+    def poisoned(*a, **k):
+        loss, clipfrac = original(*a, **k)
+        calls.append(k.get("values") is not None)  # values given: the scoring pass's loss
+        return (loss * float("nan") if len(calls) == 1 else loss), clipfrac
+
+    tr._value_loss = poisoned
+    before = {n: p.detach().clone() for n, p in tr.model.named_parameters() if p.requires_grad}
+    first = {}
+    tr.add_callback(_SnapshotAfterFirstStep(tr, first))
+    tr.train()
+    assert calls and all(calls)  # every value loss came from the scoring pass
+    hist = tr._metrics_history
+    assert hist[0]["train/nonfinite_steps_skipped"] == 1
+    assert all(m["train/nonfinite_steps_skipped"] == 0 for m in hist[1:])
+    assert all(torch.equal(first[n], before[n]) for n in before), "the poisoned iteration moved a weight"
+    changed = [n for n, p in tr.model.named_parameters() if p.requires_grad and not torch.equal(p, before[n])]
+    assert any(n for n in changed if "critic" in n) and len(changed) > 1, "the later iterations must still train"
+
+
+class _SnapshotAfterFirstStep(TrainerCallback):
+    def __init__(self, trainer, into: dict):
+        self.trainer, self.into = trainer, into
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if not self.into:
+            self.into.update(
+                {n: p.detach().clone() for n, p in self.trainer.model.named_parameters() if p.requires_grad}
+            )
+
+
 def test_values_are_scored_up_front_when_the_update_cannot_give_them(tmp_path, make_config, prompts_dataset, qwen_path):
-    """Several epochs or minibatches, the per-agent schedule, token-level advantages, value normalisation, or more
-    (episode, turn) pairs than one micro-batch: the scoring pass computes the values."""
+    """Several epochs or minibatches, the per-agent schedule, token-level advantages, value normalisation or
+    activation checkpointing: the scoring pass computes the values without gradients, even when the training
+    iteration asks for the critic's step there."""
     cases = [
         dict(num_ppo_epochs=2),
         dict(num_ppo_epochs=1, num_mini_batches=2),
         dict(num_ppo_epochs=1, critic_updates="per_agent"),
         dict(num_ppo_epochs=1, advantage_level="token"),
         dict(num_ppo_epochs=1, value_normalization=True),
-        dict(num_ppo_epochs=1, num_turns=2),  # 4 episodes x 2 turns > 4 rows per micro-batch
+        dict(num_ppo_epochs=1, activation_checkpointing=True),
     ]
     for i, overrides in enumerate(cases):
         args = make_config(tmp_path / str(i), **overrides)
-        env = dict(env=TwoTurnEnv()) if overrides.get("num_turns") == 2 else dict(reward_funcs=varied_reward)
-        trainer = MultiAgentPPOTrainer(args=args, model=[qwen_path, qwen_path], train_dataset=prompts_dataset, **env)
+        trainer = MultiAgentPPOTrainer(
+            args=args, model=[qwen_path, qwen_path], train_dataset=prompts_dataset, reward_funcs=varied_reward
+        )
         roll = trainer.rollout(list(prompts_dataset)[:4])
-        assert trainer.plan_iteration(4 * args.num_turns).reuse_value_forward.on is False, overrides
-        assert trainer.score_rollout(roll).value_forward is None, overrides
+        assert trainer.plan_iteration(4).reuse_value_forward.on is False, overrides
+        trainer.create_optimizer()
+        scored = trainer.score_rollout(roll, critic_step=True)
+        assert scored.critic_step is None, overrides
+        assert all(p.grad is None for p in trainer.model.parameters()), overrides
 
 
 def test_old_logprob_pass_is_kept_when_weights_move_before_the_agents_forward(

@@ -14,9 +14,13 @@ agree. Where the rule holds, a forward the iteration would run twice with the sa
 - `old_logprobs_from_sampler` (PPO), where the update cannot give them, skips the same forward: the sampler records
   the log-probs of what it samples. Needs logits as the model gives them (no repetition penalty, forced or
   suppressed tokens) and a backend that records them; equal up to float rounding.
-- `reuse_value_forward` (PPO) skips the scoring pass's critic forward: one critic forward with gradients, just
-  before the update, gives the values the advantages come from, and the update's value loss backpropagates it.
-  Also needs the joint schedule, turn-level advantages, no running value normalisation, and the graphs can wait.
+- `reuse_value_forward` (PPO) skips the update's critic forward: the scoring pass runs the critic's only forward,
+  with gradients, in chunks of `value_micro_batch_size` episodes; each chunk's values give its episodes' value
+  targets (GAE is per episode) and its value loss is backpropagated at once, so the critic's activations are never
+  held whole; the detached values give the advantages, and the update's one optimizer step adds the policy losses'
+  gradients to those. Also needs the joint schedule, turn-level advantages, no running value normalisation, no
+  activation checkpointing (a DC chunk's turns run under two critic adapters before its backward) and no DeepSpeed
+  (its engine owns the backward); not that the graphs can wait.
 - `reuse_rollout_prefill` (PPO, MC) skips the update's prompt forward: the rollout's prompt prefill, run with
   gradients, is reused. Also needs the graphs can wait and a backend that keeps the prefill (`generate()`).
 
@@ -91,7 +95,7 @@ def make_plan(args, facts: PlanFacts) -> IterationPlan:
         graphs_can_wait=wait,
         old_logprobs_from_update=from_update,
         old_logprobs_from_sampler=_old_logprobs_from_sampler(args, facts, from_update),
-        reuse_value_forward=_reuse_value_forward(args, look, wait),
+        reuse_value_forward=_reuse_value_forward(args, facts, look),
         reuse_rollout_prefill=_first(
             (not args.reuse_rollout_prefill, "reuse_rollout_prefill=False"),
             (not look.on, look.reason),
@@ -184,7 +188,7 @@ def _old_logprobs_from_sampler(args, facts: PlanFacts, from_update: Decision) ->
     )
 
 
-def _reuse_value_forward(args, look: Decision, wait: Decision) -> Decision:
+def _reuse_value_forward(args, facts: PlanFacts, look: Decision) -> Decision:
     if not isinstance(args, MultiAgentPPOConfig):
         return Decision(False, "MC has no critic")
     return _first(
@@ -193,8 +197,13 @@ def _reuse_value_forward(args, look: Decision, wait: Decision) -> Decision:
         (args.critic_updates == "per_agent", "critic_updates='per_agent': the critic steps before some agents"),
         (args.advantage_level == "token", "advantage_level='token'"),
         (args.value_normalization, "value_normalization: its statistics move with the returns before the update"),
-        (not wait.on, wait.reason),
-        on="one critic forward with gradients gives the values and the update's value loss",
+        (
+            args.activation_checkpointing,
+            "activation_checkpointing: a chunk's backward would recompute under whichever critic adapter ran last",
+        ),
+        (facts.deepspeed, "DeepSpeed: its engine runs the backward inside the optimizer step"),
+        on=f"one critic forward with gradients while scoring, its value loss backpropagated every "
+        f"{args.value_micro_batch_size} episodes",
     )
 
 

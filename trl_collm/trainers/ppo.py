@@ -3,7 +3,9 @@
 One iteration:
 1. roll out a batch of episodes (shared runner, `rollout.py`);
 2. score it without gradients: old / reference log-probs, critic values, rewards (+ KL, missing-EOS penalty),
-   advantages and returns (GAE over turns, or over tokens as TRL's PPO: `ppo_advantages.py`);
+   advantages and returns (GAE over turns, or over tokens as TRL's PPO: `ppo_advantages.py`); where the plan says
+   `reuse_value_forward`, the critic's forward here has gradients and its value loss is backpropagated here, in
+   chunks of episodes (`_critic_step_while_scoring`), for the update's one optimizer step;
 3. update: PPO epochs x minibatches, each a sum of the agents' policy losses + vf_coef * critic loss and one
    optimizer step (or, with `critic_updates="per_agent"`, the reference code's schedule: one step per agent and turn).
 """
@@ -45,9 +47,18 @@ class ScoredRollout:
     critic_batches: list[CriticBatch]
     advantages: PPOAdvantages
     metrics: dict
-    # plan.reuse_value_forward: each critic batch's values over all its views, with gradients (by index), taken
-    # just before the update; its first step's value losses backpropagate them. None: the update runs its own.
-    value_forward: list[torch.Tensor] | None = None
+    # plan.reuse_value_forward: the critic's value loss, backpropagated while scoring (its gradients wait in the
+    # parameters' .grad for the update's one optimizer step). None: the update runs its own value losses.
+    critic_step: CriticStep | None = None
+
+
+@dataclass
+class CriticStep:
+    """What the scoring pass's critic backward leaves for the update: its logs (as the update's value losses log
+    them) and whether every loss was finite (else the update drops the step)."""
+
+    logs: dict[str, list[float]]
+    finite: bool
 
 
 class MultiAgentPPOTrainer(PPOAdvantageEstimation, TeamTrainerBase):
@@ -208,9 +219,13 @@ class MultiAgentPPOTrainer(PPOAdvantageEstimation, TeamTrainerBase):
 
     # ------------------------------------------------------------------ scoring (no grad)
     @torch.no_grad()
-    def score_rollout(self, roll: Rollout, plan: IterationPlan | None = None) -> ScoredRollout:
+    def score_rollout(
+        self, roll: Rollout, plan: IterationPlan | None = None, critic_step: bool = False
+    ) -> ScoredRollout:
         """The whole record the update reads: log-probs, rewards, advantages, value targets. `plan`: the iteration's
-        (default: one made for this rollout)."""
+        (default: one made for this rollout). `critic_step` (the training iteration's): where the plan says
+        `reuse_value_forward`, the critic's forward has gradients and its value loss is backpropagated here, for
+        the update that follows at once; otherwise scoring leaves every gradient alone."""
         args, names = self.args, self.team.names
         n, E, T = len(names), roll.num_episodes, roll.num_turns
         plan = plan or self.plan_iteration(E * args.num_turns)
@@ -234,23 +249,73 @@ class MultiAgentPPOTrainer(PPOAdvantageEstimation, TeamTrainerBase):
         cbs = self.critic.batches(roll)
         from_update = plan.old_logprobs_from_update.on
         metrics = self._scoring_metrics(roll, scores, kl_seq, None if from_update else logp_seq)
-        value_forward = self._value_forward(cbs) if plan.reuse_value_forward.on else None
+        shaped = rewards - args.kl_coef * kl_seq
+        values, step = None, None
+        if critic_step and plan.reuse_value_forward.on:
+            values, step = self._critic_step_while_scoring(roll, cbs, shaped)
         if args.advantage_level == "token":
             advantages = self._token_advantages(turns, cbs, scores)
         else:
-            values = None if value_forward is None else [v.detach() for v in value_forward]
-            advantages = self._turn_advantages(roll, cbs, rewards - args.kl_coef * kl_seq, values)
+            advantages = self._turn_advantages(roll, cbs, shaped, values)
         for t, turn in enumerate(turns):
             for a, st in turn.items():
                 st.advantages = advantages.advantages[t][a]
-        return ScoredRollout(roll, turns, cbs, advantages, metrics, value_forward)
+        return ScoredRollout(roll, turns, cbs, advantages, metrics, step)
 
-    def _value_forward(self, cbs: list[CriticBatch]) -> list[torch.Tensor]:
-        """Every critic batch's values over all its views, with gradients, in the update's (train) mode: the
-        update's first critic forward, taken early so the advantages can come from it (`plan.reuse_value_forward`)."""
-        self.model.train()
-        with torch.enable_grad():
-            return [self.critic.values(cb, self.accelerator.device) for cb in cbs]
+    def _critic_step_while_scoring(
+        self, roll: Rollout, cbs: list[CriticBatch], rewards: torch.Tensor
+    ) -> tuple[list[torch.Tensor], CriticStep]:
+        """`plan.reuse_value_forward`: the critic's only forward, with gradients, in chunks of value_micro_batch_size
+        episodes. A chunk's values give its episodes' returns (GAE runs within an episode) and so its value loss,
+        backpropagated at once, weighted as the update weights its value losses (each a mean over its rows, times
+        rows / the update's pairs): the sum over chunks is the update's value loss, and no more than one chunk's
+        activations are alive. The gradients stay in .grad (zeroed first) for the update's one optimizer step.
+        Returns every batch's detached values (for the advantages) and what the update logs and checks."""
+        args, names = self.args, self.team.names
+        n, E, T = len(names), roll.num_episodes, roll.num_turns
+        mask = roll.turn_mask.float()
+        played = int(roll.turn_mask.sum())  # the update's (episode, turn) pairs
+        self.optimizer.zero_grad(set_to_none=True)
+        self.model.train()  # the update's mode (dropout is off in every module: the same numbers as eval)
+        values = [torch.zeros(len(cb.episode_ids), len(cb.columns)) for cb in cbs]
+        sums = defaultdict(float)  # per batch: row-weighted sums of the chunks' loss and clip fraction
+        finite = True
+        for chunk in torch.arange(E).split(args.value_micro_batch_size):
+            with torch.enable_grad():
+                parts = []
+                for k, cb in enumerate(cbs):
+                    rows = _rows_of(cb.episode_ids, chunk)
+                    if len(rows):
+                        v = self.critic.values(cb, self.accelerator.device, rows)
+                        values[k][rows] = v.detach().float().cpu()
+                        parts.append((k, rows, v))
+                V = torch.zeros(E, T, n)  # the chunk's episodes' rows are filled; the others are not read below
+                for cb, v in zip(cbs, values):
+                    cb.scatter_values(v, V, names)
+                ret = torch.stack(
+                    [alg.gae(rewards[:, :, i], V[:, :, i], mask, args.gamma, args.lam)[1] for i in range(n)], -1
+                )
+                total = 0
+                for k, rows, v in parts:
+                    cb = cbs[k]
+                    cols = [c for _, cs in self.critic.loss_columns([cb], names) for c in cs]
+                    target = ValueTargets(values[k], cb.column_targets(ret, names))
+                    loss, clipfrac = self._value_loss(cb, target, rows, cols, values=v)
+                    share = len(rows) / len(cb.episode_ids)  # the logs: the whole batch's means, as one loss has
+                    sums[(k, "loss")] += float(loss.detach()) * share
+                    sums[(k, "clipfrac")] += float(clipfrac) * share
+                    finite = finite and bool(torch.isfinite(loss.detach()))
+                    # (the update's order: vf_coef x loss x micro-batch weight x rows / pairs, the weight being 1)
+                    total = total + args.vf_coef * loss * 1.0 * len(rows) / played
+                # Backpropagated even when non-finite (the update then drops the step, as it does for its losses).
+                self.accelerator.backward(total)
+        logs = defaultdict(list)
+        for k, cb in enumerate(cbs):
+            if (k, "loss") in sums:
+                logs["loss/value_avg"].append(sums[(k, "loss")])
+                logs["val/clipfrac_avg"].append(sums[(k, "clipfrac")])
+                logs[f"critic/{cb.key}/loss"].append(sums[(k, "loss")])
+        return values, CriticStep(dict(logs), finite)
 
     def _scored_turn(self, a: str, at, plan: IterationPlan) -> PPOTurn:
         """One agent's turn with its old and reference log-probs and per-token KL (no advantages yet). Without old
@@ -295,7 +360,7 @@ class MultiAgentPPOTrainer(PPOAdvantageEstimation, TeamTrainerBase):
     def training_iteration(self, rows: list[dict]) -> dict:
         plan = self.plan_iteration(len(rows) * self.args.num_turns)  # trainers/plan.py: this iteration's shortcuts
         roll = self.rollout(rows, keep_prompt_graph=plan.reuse_rollout_prefill.on)
-        scored = self.score_rollout(roll, plan)
+        scored = self.score_rollout(roll, plan, critic_step=True)
         if self.value_rms is not None:
             self.value_rms.update(scored.advantages.returns)
         self.model.train()
@@ -310,6 +375,9 @@ class MultiAgentPPOTrainer(PPOAdvantageEstimation, TeamTrainerBase):
         args = self.args
         pairs = scored.rollout.turn_mask.nonzero()  # (P, 2): (episode, turn) pairs that were played
         logs = self.run_updates(scored, pairs, args.num_ppo_epochs, args.critic_updates == "per_agent")
+        if scored.critic_step is not None:
+            for key, vals in scored.critic_step.logs.items():
+                logs[key].extend(vals)
         first = logs.pop("first_logprobs", None)
         out = {key: float(torch.tensor(vals).mean()) for key, vals in logs.items()}
         ratios = logs.get("val/ratio", [])
@@ -319,26 +387,24 @@ class MultiAgentPPOTrainer(PPOAdvantageEstimation, TeamTrainerBase):
         return out
 
     def step_losses(self, scored: ScoredRollout, mpairs: torch.Tensor, agents: list[str], logs):
-        """The agents' policy losses, then vf_coef x the critic losses on the same (episode, turn) pairs (the other
-        way round with the critic forward taken before the update: `plan.reuse_value_forward`)."""
-        early = scored.value_forward is not None
-        if early:
-            yield from self._value_losses(scored, mpairs, agents, logs)
+        """The agents' policy losses, then vf_coef x the critic losses on the same (episode, turn) pairs (none where
+        scoring backpropagated them: `scored.critic_step`)."""
         for a, st, rows in self.agent_rows(scored.turns, mpairs, agents):
             yield self._policy_loss(a, st, rows, logs), len(rows)
-        if not early:
+        if scored.critic_step is None:
             yield from self._value_losses(scored, mpairs, agents, logs)
 
     def _value_losses(self, scored: ScoredRollout, mpairs: torch.Tensor, agents: list[str], logs):
         """vf_coef x the critic losses of the `agents` on the step's pairs; critic batch k is paired with its targets
-        and its early forward (`scored.value_forward`) by k. Without an early forward each loss runs its own."""
+        by k."""
         for k, cb in enumerate(scored.critic_batches):
             for _, cols in self.critic.loss_columns([cb], agents):
                 rows = _rows_of(cb.episode_ids, mpairs[mpairs[:, 1] == cb.turn][:, 0])
                 if len(rows):
-                    early = None if scored.value_forward is None else scored.value_forward[k]
-                    v = None if early is None else early[rows.to(early.device)]
-                    loss = self._value_loss(cb, scored.advantages.targets[k], rows, cols, logs, values=v)
+                    loss, clipfrac = self._value_loss(cb, scored.advantages.targets[k], rows, cols)
+                    logs["loss/value_avg"].append(float(loss.detach()))
+                    logs["val/clipfrac_avg"].append(float(clipfrac))
+                    logs[f"critic/{cb.key}/loss"].append(float(loss.detach()))
                     yield self.args.vf_coef * loss, len(rows)
 
     def _policy_loss(self, a: str, st: PPOTurn, rows: torch.Tensor, logs) -> torch.Tensor:
@@ -377,8 +443,10 @@ class MultiAgentPPOTrainer(PPOAdvantageEstimation, TeamTrainerBase):
         return loss
 
     def _value_loss(
-        self, cb: CriticBatch, target: ValueTargets, rows: torch.Tensor, cols: list[int], logs, values=None
-    ):
+        self, cb: CriticBatch, target: ValueTargets, rows: torch.Tensor, cols: list[int], values=None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The clipped value loss of batch `cb`'s `rows` on columns `cols` (a mean), and its clip fraction. `values`:
+        the rows' values when the caller has them with gradients, else a critic forward here."""
         args = self.args
         if values is None:
             values = self.critic.values(cb, self.accelerator.device, rows)
@@ -392,10 +460,7 @@ class MultiAgentPPOTrainer(PPOAdvantageEstimation, TeamTrainerBase):
             mask = torch.zeros_like(values, dtype=torch.bool)
             mask[:, cols] = True
         loss, stats = alg.value_loss_clipped(values, old, ret, mask, args.cliprange_value)
-        logs["loss/value_avg"].append(float(loss.detach()))
-        logs["val/clipfrac_avg"].append(float(stats["clipfrac"]))
-        logs[f"critic/{cb.key}/loss"].append(float(loss.detach()))
-        return loss
+        return loss, stats["clipfrac"]
 
     def _critic_diagnostics(self, scored: ScoredRollout) -> dict:
         """Explained variance per agent, value mean, raw advantage mean/std."""

@@ -132,11 +132,17 @@ class MultiAgentPPOConfig(TeamConfig):
             Otherwise take them from the sampler, which records the log-probs of what it samples (when the logits
             are the model's and the backend records them). Equal up to float rounding; False: a scoring forward.
         reuse_value_forward (`bool`, *optional*, defaults to `True`):
-            When every row is seen once in one micro-batch (and the joint schedule, turn-level advantages, no value
-            normalisation, no activation checkpointing, no DeepSpeed), compute the critic's values once with
-            gradients: the advantages come from their detached copy and the update's value loss backpropagates
-            them. Same numbers, one critic forward fewer; holds the critic's activations until the update. False:
-            a scoring forward and the update's own.
+            When the iteration takes one optimizer step that sees every row once (one epoch, one minibatch, the
+            joint schedule) with turn-level advantages, no value normalisation, no activation checkpointing and no
+            DeepSpeed, the scoring pass runs the critic's only forward, with gradients, in chunks of
+            `value_micro_batch_size` episodes, and backpropagates each chunk's value loss at once: the advantages
+            come from the detached values, and the update adds the policy losses' gradients to the critic's. Same
+            numbers up to float rounding, one critic forward fewer, and the critic's activations are never held
+            for more than one chunk. False: a scoring forward and the update's own.
+        value_micro_batch_size (`int`, *optional*, defaults to `2`):
+            Episodes per critic forward and value-loss backward in the scoring pass when `reuse_value_forward`
+            applies (each episode with all its turns, since a turn's target reads the next turn's value). Lower:
+            less memory; higher: larger products.
 
         > Fields kept from TRL's PPOConfig for compatibility (not read by this trainer)
 
@@ -297,9 +303,18 @@ class MultiAgentPPOConfig(TeamConfig):
         default=True,
         metadata={
             "help": (
-                "When every row is seen once in one micro-batch, compute the critic's values once with gradients for "
-                "the advantages and the update's value loss (see trl_collm/trainers/plan.py). False: a scoring "
-                "forward and the update's own."
+                "When the iteration's one optimizer step sees every row once, the scoring pass runs the critic's only "
+                "forward, with gradients, and backpropagates its value loss in chunks of value_micro_batch_size "
+                "episodes (see trl_collm/trainers/plan.py). False: a scoring forward and the update's own."
+            )
+        },
+    )
+    value_micro_batch_size: Annotated[int, AT_LEAST_1] = field(
+        default=2,
+        metadata={
+            "help": (
+                "Episodes per critic forward and value-loss backward in the scoring pass (reuse_value_forward). "
+                "Lower: less memory; higher: larger products."
             )
         },
     )

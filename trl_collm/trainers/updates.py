@@ -168,8 +168,12 @@ class TeamUpdates:
             if self.lr_scheduler is not None:
                 self.lr_scheduler.step()
             return
-        self.optimizer.zero_grad(set_to_none=True)
-        losses_finite = self._accumulate(scored, pairs, agents, logs, micro)
+        # A scoring pass that backpropagated the critic's loss (PPO's `reuse_value_forward`) zeroed the gradients
+        # before it and left its own in .grad for this, the iteration's one step.
+        early = getattr(scored, "critic_step", None)
+        if early is None:
+            self.optimizer.zero_grad(set_to_none=True)
+        losses_finite = self._accumulate(scored, pairs, agents, logs, micro) and (early is None or early.finite)
         distributed.average_gradients(self)  # several processes without DeepSpeed; no-op in one process
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
         # After averaging every rank holds the same gradients; only the loss flag is local, so ranks agree on it.
