@@ -48,8 +48,9 @@ def test_grouped_heads_keep_less_and_give_the_same_gradients(qwen_path):
     _, grouped_bytes, got = forward_backward(f32, ids, attention_mask=mask, position_ids=pos)
     # The tiny Qwen2 (4 query heads, 2 key / value heads, head size 8, 2 layers, 3 x 24 tokens): transformers keeps
     # float32 keys and values copied to 4 heads, 2 x 4 x 8 x 4 B per token and layer; grouped keeps them at 2 heads:
-    # 2 x 2 x 8 x 4 B = 128 B less per token and layer.
-    assert plain_bytes - grouped_bytes == 2 * 72 * 128
+    # 2 x 2 x 8 x 4 B = 128 B less per token and layer. And one additive float32 mask (3 x 1 x 24 x 24) for both
+    # layers instead of one per layer (the kernel's own conversion of the boolean mask, which autograd keeps).
+    assert plain_bytes - grouped_bytes == 2 * 72 * 128 + (2 - 1) * 3 * 24 * 24 * 4
     for name, g in want.items():  # the key / value gradients are summed over each group inside the kernel
         torch.testing.assert_close(got[name], g, rtol=1e-5, atol=1e-6, msg=name)
 
@@ -114,3 +115,45 @@ def test_the_trainer_switches_every_cpu_run(tmp_path, qwen_path, prompts_dataset
         models = [trainer.team.model_of(a) for a in trainer.team.names] + [trainer.critic]
         seen[bf16] = {m.config._attn_implementation for mod in models for m in mod.modules() if hasattr(m, "config")}
     assert seen[False] == {NAME} and seen[True] == {NAME}
+
+
+def test_one_additive_mask_per_forward_changes_no_bit(qwen_path, monkeypatch):
+    """The boolean mask converted once and shared by the layers (`additive_mask`) against the kernel converting it
+    at every layer: bitwise the same outputs and gradients, float32 and under bf16 autocast, one mask kept instead of
+    one per layer."""
+    import trl_collm.cpu.attention as attention
+
+    _, f32 = _models(qwen_path)
+    ids, mask, pos = _batch()
+    layers = f32.config.num_hidden_layers
+    mask_bytes = 3 * 24 * 24 * 4
+    for autocast in (False, True):
+        runs = []
+        for shared in (True, False):
+            if not shared:  # the mask passed on as it came: the kernel converts it per call
+                monkeypatch.setattr(attention, "additive_mask", lambda m, dtype: m)
+            runs.append(forward_backward(f32, ids, bf16=autocast, attention_mask=mask, position_ids=pos))
+            monkeypatch.undo()
+        (out_s, bytes_s, grads_s), (out_p, bytes_p, grads_p) = runs
+        assert torch.equal(out_s, out_p)
+        assert grads_s.keys() == grads_p.keys() and all(torch.equal(grads_s[k], grads_p[k]) for k in grads_s)
+        assert bytes_p - bytes_s == (layers - 1) * mask_bytes
+
+
+def test_additive_mask_matches_the_kernels_conversion():
+    from trl_collm.cpu.attention import additive_mask
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 5, 8, generator=g) for _ in range(3))
+    mask = torch.rand(2, 1, 5, 5, generator=g) > 0.3
+    mask[..., 0] = True  # every query row sees a key
+    converted = additive_mask(mask, torch.float32)
+    assert (
+        converted.dtype == torch.float32 and torch.equal(converted == 0, mask) and torch.isinf(converted[~mask]).all()
+    )
+    assert additive_mask(mask, torch.float32) is converted  # the memo: one tensor per mask
+    mask[0, 0, 0, 1] = ~mask[0, 0, 0, 1]  # an in-place change is a new mask
+    assert additive_mask(mask, torch.float32) is not converted
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    assert torch.equal(sdpa(q, k, v, attn_mask=mask), sdpa(q, k, v, attn_mask=additive_mask(mask, torch.float32)))
+    assert additive_mask(None, torch.float32) is None

@@ -20,6 +20,13 @@ saved key / value memory for SmolLM2, and a forward + backward of the workload's
 one thread) 43 ms against 50-55 with the copies. Decoding (one query row) is left to transformers, which folds the
 groups into the query instead.
 
+Why one additive mask per forward: transformers hands every layer the same boolean padding mask, and torch's kernel
+turns a boolean mask into an additive float one (0 / -inf) at every call, which autograd then keeps: one float32
+copy of the (rows x queries x keys) mask per layer. Converted here once per mask (a one-entry memo per thread,
+keyed by the mask object and its version) and given to every layer, the kernel sees the same values (bitwise the
+same outputs and gradients) and autograd keeps one copy (the workload's prompt prefill: ~1.3 KB per token and layer
+less, a critic's long views more: the mask grows with the keys).
+
 On a GPU the call is transformers' own `sdpa` unchanged. `use_cpu_attention(module)` switches every transformers
 model under `module` whose attention is `sdpa`; `adapt_for_cpu` calls it for every model the trainers run on a CPU.
 The name is registered with transformers' `AttentionInterface` and, as transformers requires for a custom name, with
@@ -30,6 +37,8 @@ left-padded rows).
 from __future__ import annotations
 
 import contextlib
+import threading
+import weakref
 
 import torch
 from torch import nn
@@ -52,13 +61,31 @@ def cpu_sdpa(module, query, key, value, attention_mask, **kwargs):
     autocast = torch.is_autocast_enabled("cpu")
     half = {t.dtype for t in (query, key, value)} & set(_HALF)
     if not (autocast or half):
-        return _grouped_sdpa(module, query, key, value, attention_mask, **kwargs)
+        return _grouped_sdpa(module, query, key, value, additive_mask(attention_mask, query.dtype), **kwargs)
     dtype = torch.get_autocast_dtype("cpu") if autocast else next(iter(half))
     if attention_mask is not None and attention_mask.dtype in _HALF:  # an additive mask: its -inf/0 in float32
         attention_mask = attention_mask.float()
+    attention_mask = additive_mask(attention_mask, torch.float32)
     with torch.autocast("cpu", enabled=False):
         out, weights = _grouped_sdpa(module, query.float(), key.float(), value.float(), attention_mask, **kwargs)
     return out.to(dtype), weights
+
+
+_memo = threading.local()  # the last mask converted: (weakref to the boolean mask, its version, dtype, the float mask)
+
+
+def additive_mask(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    """A boolean attention mask as the additive one torch's kernel would make of it at each call (0 where True,
+    -inf where False, in `dtype`), made once per mask object and shared by the layers that read it; any other mask
+    as it is."""
+    if mask is None or mask.dtype != torch.bool:
+        return mask
+    last = getattr(_memo, "last", None)
+    if last is not None and last[0]() is mask and last[1] == mask._version and last[2] == dtype:
+        return last[3]
+    out = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(mask.logical_not(), float("-inf"))
+    _memo.last = (weakref.ref(mask), mask._version, dtype, out)
+    return out
 
 
 def _grouped_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
