@@ -4,7 +4,8 @@
 #   bash benchmarks/speed/bf16_cpu_session.sh            # on a 2-core CPU with native bf16: ~1 h for steps 1-3
 #   bash benchmarks/speed/bf16_cpu_session.sh --with-revise   # + step 4, the two-turn table (many hours: background it)
 # 1. part 1's target: the CC workload, this tree in float32 and bf16 against issue 28's baseline commit fc4554a,
-#    side by side in one sitting, with the FLOP count and its floor (docs/benchmarks.md, "The arithmetic floor");
+#    side by side in one sitting, with the FLOP count and its floor (docs/benchmarks.md, "The arithmetic floor"),
+#    the update whole (micro-batch 8: fastest) and in micro-batches of 4 (issue 45's <= 4 GB);
 # 2. part 2's one missing cell: MC at lr 1e-3, seed 0, 128 env steps (bf16);
 # 3. part 3: the README's example with its defaults, timed (its bf16 figure predates float32 attention under autocast);
 #    then issue 45's decoding step (prepacked weights against `unpacked`) and the MC vs TRL GRPOTrainer pair in bf16;
@@ -37,9 +38,9 @@ if [ ! -d "$baseline/trl_collm" ]; then
 fi
 bench="docs/data/bench_workload_cc_native_bf16_flops_$day.json"
 if [ ! -f "$bench" ]; then
-  echo "== 1. the CC workload, fp32 and bf16, against fc4554a (~40 min)"
+  echo "== 1. the CC workload, fp32 and bf16, against fc4554a, the update whole and in 2 micro-batches (~80 min)"
   python benchmarks/speed/bench_workload.py --workload cc --compute fp32 bf16 --against "$baseline" \
-    --rounds 1 --warmup 1 --iterations 1 --count-flops --json "$bench"
+    --rounds 1 --warmup 1 --iterations 1 --micro-batch 8 4 --count-flops --json "$bench"
 fi
 echo "== 2. the writing table's missing cell: MC, lr 1e-3, seed 0 (~15 min)"
 python benchmarks/research/real_findings.py writing-summary --methods mc --seeds 0 --lrs 0.001 --compute bf16
