@@ -599,6 +599,8 @@ def test_deferred_old_logprobs_match_the_scoring_pass(tmp_path, make_config, pro
         # 2 turns: a chunk's turn-0 targets read its turn-1 values, and the update's 8 pairs run in two micro-batches
         dict(critic_type="centralized", num_turns=2),
         dict(critic_type="decentralized", num_turns=2, value_micro_batch_size=3),
+        # some episodes end after their first turn: the turn-1 batch holds only the others
+        dict(critic_type="centralized", num_turns=2, ragged=True),
     ],
 )
 def test_the_critic_step_while_scoring_matches_the_scoring_pass(
@@ -610,6 +612,8 @@ def test_the_critic_step_while_scoring_matches_the_scoring_pass(
     gradients, in chunks of value_micro_batch_size episodes (the long path: every view twice, once without).
     Plain SGD: Adam would hide a gradient's wrong scale (the critic's adapter is moved by its value loss alone)."""
     runs = []
+    overrides = dict(overrides)
+    ragged = overrides.pop("ragged", False)
     two_turns = overrides.get("num_turns") == 2
     for force in (False, True):
         args = make_config(
@@ -622,7 +626,8 @@ def test_the_critic_step_while_scoring_matches_the_scoring_pass(
             reuse_value_forward=not force,
             **overrides,
         )
-        source = dict(env=TwoTurnEnv()) if two_turns else dict(reward_funcs=varied_reward)
+        env = RaggedTwoTurnEnv() if ragged else TwoTurnEnv()
+        source = dict(env=env) if two_turns else dict(reward_funcs=varied_reward)
         trainer = MultiAgentPPOTrainer(args=args, model=[qwen_path, qwen_path], train_dataset=prompts_dataset, **source)
         assert trainer.plan_iteration(4 * args.num_turns).reuse_value_forward.on is not force
         before = agent_snapshots(trainer), critic_snapshots(trainer)
@@ -640,9 +645,12 @@ def test_the_critic_step_while_scoring_matches_the_scoring_pass(
         assert_all_trained(trainer, *before)
         runs.append((agent_snapshots(trainer), critic_snapshots(trainer), logged, calls, before[1]))
     (agents_d, critics_d, logs_d, calls_d, critics_before), (agents_s, critics_s, logs_s, calls_s, _) = runs
-    views = 2 * 4 * (2 if two_turns else 1) * (2 if overrides["critic_type"] == "decentralized" else 1)
+    views = 2 * 4 * (1 + two_turns) * (2 if overrides["critic_type"] == "decentralized" else 1)  # 2 iterations
+    if ragged:  # some episodes ended after one turn: fewer views than turns x episodes (the test's point)
+        views = sum(len(eps) for grad, eps in calls_s if not grad)
+        assert 2 * 4 < views < 2 * 4 * 2
     assert all(grad for grad, _ in calls_d)  # the short path: only forwards with gradients
-    assert sum(len(eps) for _, eps in calls_d) == views  # 2 iterations x 4 episodes x turns x units: each once
+    assert sum(len(eps) for _, eps in calls_d) == views  # each view once
     chunk = overrides.get("value_micro_batch_size", 2)
     assert max(len(set(eps)) for _, eps in calls_d) == min(chunk, 4)  # no forward reads more than one chunk
     assert sum(len(eps) for grad, eps in calls_s if not grad) == views  # the long path: a scoring forward ...
@@ -658,6 +666,16 @@ def test_the_critic_step_while_scoring_matches_the_scoring_pass(
             if two_turns and key in ("loss/value_avg", "val/clipfrac_avg"):
                 continue  # the long path logs the mean of its two micro-batches' means, the short path the batch's
             assert hd[key] == pytest.approx(hs[key], rel=1e-4, abs=1e-6), key
+
+
+class RaggedTwoTurnEnv(TwoTurnEnv):
+    """TwoTurnEnv whose episodes end after one turn when the first agent's text has an even length."""
+
+    def step(self, completions):
+        result = super().step(completions)
+        if self.t == 1 and len(completions[0]) % 2 == 0:
+            return StepResult(reward=result.reward, observations=result.observations, done=True)
+        return result
 
 
 def test_a_nonfinite_critic_loss_while_scoring_drops_the_step(tmp_path, make_config, prompts_dataset, qwen_path):

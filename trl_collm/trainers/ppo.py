@@ -277,7 +277,7 @@ class MultiAgentPPOTrainer(PPOAdvantageEstimation, TeamTrainerBase):
         played = int(roll.turn_mask.sum())  # the update's (episode, turn) pairs
         self.optimizer.zero_grad(set_to_none=True)
         self.model.train()  # the update's mode (dropout is off in every module: the same numbers as eval)
-        values = [torch.zeros(len(cb.episode_ids), len(cb.columns)) for cb in cbs]
+        values: list[torch.Tensor | None] = [None] * len(cbs)  # per batch (B, outputs), filled chunk by chunk
         sums = defaultdict(float)  # per batch: row-weighted sums of the chunks' loss and clip fraction
         finite = True
         for chunk in torch.arange(E).split(args.value_micro_batch_size):
@@ -287,11 +287,14 @@ class MultiAgentPPOTrainer(PPOAdvantageEstimation, TeamTrainerBase):
                     rows = _rows_of(cb.episode_ids, chunk)
                     if len(rows):
                         v = self.critic.values(cb, self.accelerator.device, rows)
+                        if values[k] is None:
+                            values[k] = torch.zeros(len(cb.episode_ids), v.shape[-1])
                         values[k][rows] = v.detach().float().cpu()
                         parts.append((k, rows, v))
                 V = torch.zeros(E, T, n)  # the chunk's episodes' rows are filled; the others are not read below
                 for cb, v in zip(cbs, values):
-                    cb.scatter_values(v, V, names)
+                    if v is not None:
+                        cb.scatter_values(v, V, names)
                 ret = torch.stack(
                     [alg.gae(rewards[:, :, i], V[:, :, i], mask, args.gamma, args.lam)[1] for i in range(n)], -1
                 )
@@ -308,13 +311,15 @@ class MultiAgentPPOTrainer(PPOAdvantageEstimation, TeamTrainerBase):
                     # (the update's order: vf_coef x loss x micro-batch weight x rows / pairs, the weight being 1)
                     total = total + args.vf_coef * loss * 1.0 * len(rows) / played
                 # Backpropagated even when non-finite (the update then drops the step, as it does for its losses).
-                self.accelerator.backward(total)
+                if parts:
+                    self.accelerator.backward(total)
         logs = defaultdict(list)
         for k, cb in enumerate(cbs):
             if (k, "loss") in sums:
                 logs["loss/value_avg"].append(sums[(k, "loss")])
                 logs["val/clipfrac_avg"].append(sums[(k, "clipfrac")])
                 logs[f"critic/{cb.key}/loss"].append(sums[(k, "loss")])
+        values = [torch.zeros(0, 1) if v is None else v for v in values]  # (a batch without rows: none valued)
         return values, CriticStep(dict(logs), finite)
 
     def _scored_turn(self, a: str, at, plan: IterationPlan) -> PPOTurn:
