@@ -272,15 +272,13 @@ class MultiAgentPPOTrainer(PPOAdvantageEstimation, TeamTrainerBase):
         activations are alive. The gradients stay in .grad (zeroed first) for the update's one optimizer step.
         Returns every batch's detached values (for the advantages) and what the update logs and checks."""
         args, names = self.args, self.team.names
-        n, E, T = len(names), roll.num_episodes, roll.num_turns
-        mask = roll.turn_mask.float()
         played = int(roll.turn_mask.sum())  # the update's (episode, turn) pairs
         self.optimizer.zero_grad(set_to_none=True)
         self.model.train()  # the update's mode (dropout is off in every module: the same numbers as eval)
         values: list[torch.Tensor | None] = [None] * len(cbs)  # per batch (B, outputs), filled chunk by chunk
         sums = defaultdict(float)  # per batch: row-weighted sums of the chunks' loss and clip fraction
         finite = True
-        for chunk in torch.arange(E).split(args.value_micro_batch_size):
+        for chunk in torch.arange(roll.num_episodes).split(args.value_micro_batch_size):
             with torch.enable_grad():
                 parts = []
                 for k, cb in enumerate(cbs):
@@ -291,13 +289,7 @@ class MultiAgentPPOTrainer(PPOAdvantageEstimation, TeamTrainerBase):
                             values[k] = torch.zeros(len(cb.episode_ids), v.shape[-1])
                         values[k][rows] = v.detach().float().cpu()
                         parts.append((k, rows, v))
-                V = torch.zeros(E, T, n)  # the chunk's episodes' rows are filled; the others are not read below
-                for cb, v in zip(cbs, values):
-                    if v is not None:
-                        cb.scatter_values(v, V, names)
-                ret = torch.stack(
-                    [alg.gae(rewards[:, :, i], V[:, :, i], mask, args.gamma, args.lam)[1] for i in range(n)], -1
-                )
+                _, _, ret = self._turn_gae(roll, cbs, values, rewards)  # right for the episodes valued so far
                 total = 0
                 for k, rows, v in parts:
                     cb = cbs[k]
@@ -308,17 +300,15 @@ class MultiAgentPPOTrainer(PPOAdvantageEstimation, TeamTrainerBase):
                     sums[(k, "loss")] += float(loss.detach()) * share
                     sums[(k, "clipfrac")] += float(clipfrac) * share
                     finite = finite and bool(torch.isfinite(loss.detach()))
-                    # (the update's order: vf_coef x loss x micro-batch weight x rows / pairs, the weight being 1)
-                    total = total + args.vf_coef * loss * 1.0 * len(rows) / played
+                    # (the update's order: vf_coef x loss x rows / pairs, its micro-batch weight being 1 here)
+                    total = total + args.vf_coef * loss * len(rows) / played
                 # Backpropagated even when non-finite (the update then drops the step, as it does for its losses).
                 if parts:
                     self.accelerator.backward(total)
         logs = defaultdict(list)
         for k, cb in enumerate(cbs):
             if (k, "loss") in sums:
-                logs["loss/value_avg"].append(sums[(k, "loss")])
-                logs["val/clipfrac_avg"].append(sums[(k, "clipfrac")])
-                logs[f"critic/{cb.key}/loss"].append(sums[(k, "loss")])
+                _log_value_loss(logs, cb, sums[(k, "loss")], sums[(k, "clipfrac")])
         values = [torch.zeros(0, 1) if v is None else v for v in values]  # (a batch without rows: none valued)
         return values, CriticStep(dict(logs), finite)
 
@@ -407,9 +397,7 @@ class MultiAgentPPOTrainer(PPOAdvantageEstimation, TeamTrainerBase):
                 rows = _rows_of(cb.episode_ids, mpairs[mpairs[:, 1] == cb.turn][:, 0])
                 if len(rows):
                     loss, clipfrac = self._value_loss(cb, scored.advantages.targets[k], rows, cols)
-                    logs["loss/value_avg"].append(float(loss.detach()))
-                    logs["val/clipfrac_avg"].append(float(clipfrac))
-                    logs[f"critic/{cb.key}/loss"].append(float(loss.detach()))
+                    _log_value_loss(logs, cb, float(loss.detach()), float(clipfrac))
                     yield self.args.vf_coef * loss, len(rows)
 
     def _policy_loss(self, a: str, st: PPOTurn, rows: torch.Tensor, logs) -> torch.Tensor:
@@ -484,6 +472,13 @@ class MultiAgentPPOTrainer(PPOAdvantageEstimation, TeamTrainerBase):
                 )
                 out[f"{a}/critic/value_mean"] = float(s.value_table[:, :, i][mask].mean())
         return out
+
+
+def _log_value_loss(logs, cb: CriticBatch, loss: float, clipfrac: float) -> None:
+    """What the update logs of one critic batch's value loss (the scoring pass's critic step logs the same keys)."""
+    logs["loss/value_avg"].append(loss)
+    logs["val/clipfrac_avg"].append(clipfrac)
+    logs[f"critic/{cb.key}/loss"].append(loss)
 
 
 def _entropy_of_first_forwards(scored: ScoredRollout, first: list) -> float:

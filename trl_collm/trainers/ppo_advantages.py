@@ -58,23 +58,17 @@ class PPOAdvantageEstimation:
         self, roll: Rollout, cbs: list[CriticBatch], rewards: torch.Tensor, values: list | None = None
     ) -> PPOAdvantages:
         """Turn-level GAE: each completion is one action valued at the end of its view. `values`: the critic's
-        values of every view of each batch when the caller has them already (deferred to the update), else a
-        scoring forward computes them."""
-        args, names = self.args, self.team.names
-        n, E, T = len(names), roll.num_episodes, roll.num_turns
-        V = torch.zeros(E, T, n)
+        values of every view of each batch when the caller has them already (the critic's step while scoring),
+        else a scoring forward computes them."""
+        names = self.team.names
         old_values = []
         for k, cb in enumerate(cbs):
             v = (self._values(cb) if values is None else values[k]).float().cpu()
             if self.value_rms is not None:
                 v = self.value_rms.denormalize(v)
             old_values.append(v)
-            cb.scatter_values(v, V, names)
+        V, adv, ret = self._turn_gae(roll, cbs, old_values, rewards)
         mask = roll.turn_mask
-        adv = torch.zeros(E, T, n)
-        ret = torch.zeros(E, T, n)
-        for i in range(n):
-            adv[:, :, i], ret[:, :, i] = alg.gae(rewards[:, :, i], V[:, :, i], mask.float(), args.gamma, args.lam)
         values, returns, raw = V[mask], ret[mask], adv[mask]
         targets = [ValueTargets(v, cb.column_targets(ret, names)) for cb, v in zip(cbs, old_values)]
         adv = self._normalize_advantages(adv, mask)
@@ -82,6 +76,25 @@ class PPOAdvantageEstimation:
             {a: adv[turn[a].episode_ids, t, i] for i, a in enumerate(names)} for t, turn in enumerate(roll.turns)
         ]
         return PPOAdvantages(per_turn, values, returns, raw, value_table=V, return_table=ret, targets=targets)
+
+    def _turn_gae(
+        self, roll: Rollout, cbs: list[CriticBatch], values: list[torch.Tensor | None], rewards: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Turn-level GAE per agent: each batch's values (B, k) (None: not valued yet, read as 0) scattered into the
+        (E, T, n) value table, and the advantages and returns over it. An episode's entries read only its own values,
+        so a caller holding some episodes' values gets those episodes right."""
+        args, names = self.args, self.team.names
+        n, E, T = len(names), roll.num_episodes, roll.num_turns
+        V = torch.zeros(E, T, n)
+        for cb, v in zip(cbs, values):
+            if v is not None:
+                cb.scatter_values(v, V, names)
+        mask = roll.turn_mask.float()
+        adv = torch.zeros(E, T, n)
+        ret = torch.zeros(E, T, n)
+        for i in range(n):
+            adv[:, :, i], ret[:, :, i] = alg.gae(rewards[:, :, i], V[:, :, i], mask, args.gamma, args.lam)
+        return V, adv, ret
 
     def _normalize_advantages(self, adv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         E, T, n = adv.shape
