@@ -357,7 +357,12 @@ def test_a_model_that_returns_no_cache_gets_the_plain_forward(tiny_lm):
     torch.testing.assert_close(logits, prefix.forward_last(tiny_lm, ids, mask, 7, causal_lm=True, enabled=False))
 
 
-def test_mixed_adapter_generation_shares_a_head_only_within_an_adapter(tmp_path, qwen_path, monkeypatch):
+@pytest.mark.parametrize(
+    "leads",
+    [("", ""), ("alice, you write the plan. ", "bob, you check the plan. ")],
+    ids=["same-instructions", "own-instructions"],
+)
+def test_mixed_adapter_generation_shares_a_head_only_within_an_adapter(tmp_path, qwen_path, monkeypatch, leads):
     from conftest import RUN_SETTINGS
     from datasets import Dataset
     from peft import LoraConfig
@@ -384,8 +389,9 @@ def test_mixed_adapter_generation_shares_a_head_only_within_an_adapter(tmp_path,
         for name, param in team.shared_base.named_parameters():
             if "lora_B" in name:
                 param.normal_(0.0, 0.5)
-    same_prompts = [LONG + p for p in PROMPTS] * 2  # every agent sees the same 8 prompts (each one twice)
-    observations = {a: list(same_prompts) for a in team.names}
+    # Every agent sees the same 8 prompts (each one twice), after its own lead when `leads` gives one: then the
+    # agents' prompts part at their first tokens and only each agent's own rows share a prefix (lead + LONG).
+    observations = {a: [lead + LONG + p for p in PROMPTS] * 2 for a, lead in zip(team.names, leads)}
     settings = SamplingSettings(max_new_tokens=5, greedy=True)
 
     plain = Sampler(team, GenerateBackend(share_prefix=False), settings)(observations)
@@ -402,3 +408,12 @@ def test_mixed_adapter_generation_shares_a_head_only_within_an_adapter(tmp_path,
     # 8 distinct (prompt, adapter) heads would), and each row reads its own adapter's.
     (split,) = [s for s in splits if s is not None]
     assert split.head_keys.tolist() == [0, 1] and split.index.tolist() == [0] * 8 + [1] * 8
+    tok = team.tokenizers[a]
+    shared_text = [tok.decode(row) for row in split.head_ids]
+    if leads[0]:
+        # Each adapter's head is its own lead and the instruction, not the few tokens the two leads share.
+        assert shared_text[0] != shared_text[1]
+        for lead, text in zip(leads, shared_text):
+            assert text.startswith(lead + LONG[:40]), text
+    else:
+        assert shared_text[0] == shared_text[1] and shared_text[0].startswith(LONG[:40])

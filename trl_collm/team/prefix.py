@@ -85,11 +85,20 @@ class SharedSplit:
         return torch.cat([head, self.rest_ids], dim=1)
 
 
-def split_common_prefix(ids: torch.Tensor, mask: torch.Tensor, keep: int, min_prefix: int = MIN_PREFIX_TOKENS):
+def split_common_prefix(
+    ids: torch.Tensor,
+    mask: torch.Tensor,
+    keep: int,
+    min_prefix: int = MIN_PREFIX_TOKENS,
+    row_keys: torch.Tensor | None = None,
+):
     """Cut a left-padded batch at its rows' longest common prefix of real tokens, or None if it is not worth it.
 
     The batch is re-laid out as ``[prefix][each row's rest, left-padded]``. `keep` positions at the right end must
-    stay in the rest (they are what the caller reads).
+    stay in the rest (they are what the caller reads). With `row_keys` (B,) the rows of each key (the LoRA adapter
+    a row runs with) have their own prefix, one head row per key: a team's agents each read their own instructions
+    in front of the same episode, so the prefix all rows share ends where the agents' instructions part, while each
+    agent's rows share its whole instructions. The cut is the shortest of the keys' common prefixes (one head width).
     """
     batch, length = ids.shape
     if batch < 2:
@@ -99,11 +108,19 @@ def split_common_prefix(ids: torch.Tensor, mask: torch.Tensor, keep: int, min_pr
     width = length - int(first.max()) - keep  # longest prefix that leaves every row `keep` positions of rest
     if width < min_prefix:
         return None
-    # Align every row at its first real token, then compare the first `width` tokens with row 0's.
+    if row_keys is None:
+        keys, index = None, torch.zeros(batch, dtype=torch.long, device=ids.device)
+    else:
+        keys, index = torch.unique(row_keys, return_inverse=True)
+        if len(keys) == batch:
+            return None  # every row its own key: nothing to share
+    # the first row of each key: the one its rows are compared with, and the key's head row
+    leaders = torch.stack([(index == k).nonzero()[0, 0] for k in range(int(index.max()) + 1)])
+    # Align every row at its first real token, then compare the first `width` tokens with its key's leader's.
     cols = first[:, None] + torch.arange(width, device=ids.device)[None, :]
     aligned = ids.gather(1, cols)
     real = mask.gather(1, cols).bool()
-    same = (aligned == aligned[:1]) & real
+    same = (aligned == aligned[leaders[index]]) & real
     mismatch = (~same.all(dim=0)).nonzero()
     p = int(mismatch[0]) if len(mismatch) else width
     if p < min_prefix:
@@ -118,14 +135,15 @@ def split_common_prefix(ids: torch.Tensor, mask: torch.Tensor, keep: int, min_pr
     attention_mask = torch.cat([torch.ones(batch, p, dtype=mask.dtype, device=mask.device), rest_mask], dim=1)
     positions = position_ids_from_mask(attention_mask)
     return SharedSplit(
-        aligned[:1, :p],
+        aligned[leaders, :p],
         None,
-        positions[:1, :p],
-        None,
+        positions[leaders, :p],
+        None if keys is None else index,
         rest_ids,
         attention_mask,
         positions[:, p:],
-        saved_tokens=(batch - 1) * p,
+        saved_tokens=(batch - len(leaders)) * p,
+        head_keys=keys,
     )
 
 
@@ -182,9 +200,7 @@ def plan_split(
 
     `row_keys` (B,) integers: rows with different keys never share a head (the LoRA adapter each row runs with).
     """
-    common = split_common_prefix(ids, mask, keep, min_prefix)
-    if common is not None and row_keys is not None:
-        common = _one_head_per_key(common, row_keys)
+    common = split_common_prefix(ids, mask, keep, min_prefix, row_keys)
     options = [s for s in (common, split_repeated_rows(ids, mask, keep, min_prefix, row_keys)) if s is not None]
     best = max(options, key=lambda s: s.saved_tokens) if options else None
     return best if best is not None and best.saved_tokens >= min_saved else None
@@ -207,19 +223,6 @@ def layer_parameters(model: nn.Module) -> int:
 def min_saved_tokens(model: nn.Module) -> int:
     """Prompt tokens a cut must save to pay for its extra model call (the expected-cost model above)."""
     return math.ceil(CALL_COST_TOKENS / (1 + layer_parameters(model) / LAYER_PARAMS_SCALE))
-
-
-def _one_head_per_key(split: SharedSplit, row_keys: torch.Tensor) -> SharedSplit | None:
-    """A common-prefix cut whose prefix runs once per distinct key instead of once."""
-    keys, index = torch.unique(row_keys, return_inverse=True)
-    batch, p = row_keys.shape[0], split.head_ids.shape[1]
-    if len(keys) == batch:
-        return None
-    split.head_ids = split.head_ids.expand(len(keys), p)
-    split.head_positions = split.head_positions.expand(len(keys), p)
-    split.index, split.head_keys = index, keys
-    split.saved_tokens = (batch - len(keys)) * p
-    return split
 
 
 def supports_prefix_cache(model: nn.Module) -> bool:
