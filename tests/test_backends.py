@@ -18,7 +18,7 @@ import torch
 from datasets import Dataset
 from peft import LoraConfig
 
-from trl_collm.generation.backends import ContinuousBatchingBackend, GenerateBackend, make_backend
+from trl_collm.generation.backends import ContinuousBatchingBackend, GenerateBackend, PolicySampler, make_backend
 from trl_collm.generation.sampler import GenerationRequest, SamplingSettings
 
 from hang_guard import HANG_GUARD_S
@@ -144,6 +144,60 @@ def test_sampled_first_tokens_follow_the_sampling_distribution(tiny_lm):
         counts = torch.bincount(first, minlength=probs.numel())
         assert _chi_square_p(counts, probs) > 1e-3, backend.name
         assert _chi_square_p(counts, wrong) < 1e-6, backend.name
+
+
+def test_the_policy_sampler_draws_from_softmax_over_the_temperature():
+    """PolicySampler (one uniform per row, the inverse of the cumulative sum) against the exact distribution: 40,000
+    draws at T = 0.5, a token of probability 0 never drawn, the returned scores one-hot on the drawn token (what
+    generate()'s greedy step then picks), the recorded log-probs those of the drawn tokens."""
+    torch.manual_seed(0)
+    n = 40_000
+    row = torch.tensor([2.0, 1.0, 0.5, -1.0, float("-inf"), 0.0])
+    scores = row.expand(n, -1).contiguous()
+    sampler = PolicySampler(0.5)
+    out = sampler(torch.zeros(n, 3, dtype=torch.long), scores)
+    token = out.argmax(-1)
+    assert (out.gather(-1, token[:, None]) == 0).all() and int(torch.isinf(out).sum()) == n * 5
+    counts = torch.bincount(token, minlength=6)
+    assert int(counts[4]) == 0
+    assert _chi_square_p(counts, torch.softmax(row / 0.5, -1)) > 1e-3
+    assert _chi_square_p(counts, torch.softmax(row, -1)) < 1e-6  # a sampler that ignored the temperature fails
+    expected = torch.log_softmax(row / 0.5, -1)[token][:, None]
+    torch.testing.assert_close(sampler.finish(token[:, None]), expected)
+
+
+def test_generate_samples_the_policy_without_an_exponential_per_word(tiny_lm, monkeypatch):
+    """Sampling the policy itself (no filter, no penalty), the generate backend draws with PolicySampler, never
+    torch.multinomial, and its first tokens follow softmax(logits / T) (chi-square over the 8 likeliest tokens and
+    the rest pooled); with top-k, or with `policy_sampler=False`, generate()'s own sampler runs."""
+    model, tok = tiny_lm
+    prompt = tok("the team writes the plan", add_special_tokens=False, return_tensors="pt")["input_ids"]
+    n, temperature = 2000, 0.5
+    ids = prompt.expand(n, -1).contiguous()
+    mask = torch.ones_like(ids)
+    settings = SamplingSettings(max_new_tokens=1, temperature=temperature)
+    vocab = model.config.vocab_size
+    probs = _first_token_probs(model, prompt, temperature, vocab)
+    top = probs.topk(8).indices
+
+    def pooled(p: torch.Tensor) -> torch.Tensor:
+        return torch.cat([p[top], (p.sum() - p[top].sum()).reshape(1)])
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("torch.multinomial ran")
+
+    monkeypatch.setattr(torch, "multinomial", forbidden)
+    torch.manual_seed(0)
+    request = GenerationRequest(model, ids, mask, settings, pad_id=tok.pad_token_id)
+    first = GenerateBackend(batch_size=500).generate(request).tokens[:, 0]
+    counts = pooled(torch.bincount(first, minlength=vocab).double())
+    assert _chi_square_p(counts, pooled(probs)) > 1e-3
+    assert _chi_square_p(counts, pooled(_first_token_probs(model, prompt, 1.0, vocab))) < 1e-6
+    few = GenerationRequest(model, ids[:2], mask[:2], settings, pad_id=tok.pad_token_id)
+    with pytest.raises(AssertionError, match="multinomial"):
+        GenerateBackend(policy_sampler=False).generate(few)
+    with pytest.raises(AssertionError, match="multinomial"):
+        GenerateBackend().generate(dataclasses.replace(few, settings=dataclasses.replace(settings, top_k=6)))
 
 
 @pytest.fixture(scope="module")
