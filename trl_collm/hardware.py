@@ -12,7 +12,9 @@ import os
 import platform
 import time
 
-THREADS_ENV = "TRL_COLLM_THREADS"  # a thread count, or "torch" for torch's own choice (the Python path's override)
+THREADS_ENV = (
+    "TRL_COLLM_THREADS"  # a count, "auto" (idle cores) or "torch" (torch's choice): the Python path's override
+)
 _chosen_threads: int | None = None  # the count pick_cpu_threads last set (the CLI's, then the trainer sees it stands)
 
 _NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})  # x86 (AVX-512 / AMX), Arm (FEAT_BF16)
@@ -92,6 +94,26 @@ def memory_gbs(mib: int = 256, seconds: float = 0.5) -> float:
     return 2 * src.numel() * 4 / fastest_cpu_seconds(lambda: dst.copy_(src), seconds) / 1e9
 
 
+def idle_cpu_cores() -> int:
+    """The physical cores this process may run on that the last minute's load leaves idle, at least 1: a thread
+    count that uses an idle machine's cores without spin-waiting for cores that other processes hold (the
+    1-minute load average lags: a job that stopped seconds ago still counts)."""
+    allowed = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    pairs = set()
+    physical = None
+    for line in _cpuinfo_lines():
+        if line.startswith("physical id"):
+            physical = line.split(":")[1].strip()
+        elif line.startswith("core id"):
+            pairs.add((physical, line.split(":")[1].strip()))
+    cores = min(allowed, len(pairs)) if pairs else allowed
+    try:
+        load = os.getloadavg()[0]
+    except OSError:  # not on this platform: assume the cores are busy
+        return 1
+    return max(1, min(cores, round(cores - load)))
+
+
 def _torch_default_threads() -> set[int]:
     """The counts torch starts with on this machine (one per core: physical or logical, within this process's
     affinity). A count outside them was set by someone: the user's own torch.set_num_threads."""
@@ -112,14 +134,15 @@ def _cpuinfo_lines() -> list[str]:
         return []
 
 
-def pick_cpu_threads(threads: int | None, on_cpu: bool, keep_user_count: bool = False) -> int | None:
+def pick_cpu_threads(threads: int | str | None, on_cpu: bool, keep_user_count: bool = False) -> int | None:
     """torch's intra-op thread count for a run, the one rule of the CLI (`--threads`) and the trainers (Python):
-    `threads` when given; else TRL_COLLM_THREADS (a count, or "torch" to keep torch's choice); else, on CPU, 1
-    unless OMP_NUM_THREADS is set (torch read it at import); on GPU, torch's default. torch's own CPU default (one
-    thread per core) made the tiny-model CPU runs 5-25x slower on a shared machine: its threads spin-wait for cores
-    other processes hold. `keep_user_count` (the trainers): a count the user set with torch.set_num_threads (one
-    that is not torch's default here), or one this function set before (the CLI's `--threads`), stands.
-    Returns the count set, or None when the count is left as it is. A count < 1 is a ValueError."""
+    `threads` when given ("auto": `idle_cpu_cores()`); else TRL_COLLM_THREADS (a count, "auto", or "torch" to keep
+    torch's choice); else, on CPU, 1 unless OMP_NUM_THREADS is set (torch read it at import); on GPU, torch's
+    default. torch's own CPU default (one thread per core) made the tiny-model CPU runs 5-25x slower on a shared
+    machine: its threads spin-wait for cores other processes hold. `keep_user_count` (the trainers): a count the
+    user set with torch.set_num_threads (one that is not torch's default here), or one this function set before
+    (the CLI's `--threads`), stands. Returns the count set, or None when the count is left as it is. A count < 1 is
+    a ValueError."""
     global _chosen_threads
     import torch
 
@@ -127,9 +150,14 @@ def pick_cpu_threads(threads: int | None, on_cpu: bool, keep_user_count: bool = 
         value = os.environ[THREADS_ENV].strip()
         if value.lower() == "torch":
             return None
-        if not value.isdigit():
-            raise ValueError(f"{THREADS_ENV}={value!r}: give a thread count >= 1, or 'torch' for torch's own choice")
-        threads = int(value)
+        if value.lower() != "auto" and not value.isdigit():
+            raise ValueError(
+                f"{THREADS_ENV}={value!r}: give a thread count >= 1, 'auto' for the idle cores, or 'torch' for "
+                "torch's own choice"
+            )
+        threads = value.lower() if value.lower() == "auto" else int(value)
+    if threads == "auto":
+        threads = idle_cpu_cores()
     if threads is not None and threads < 1:
         raise ValueError(f"a torch thread count must be >= 1, got {threads}")
     if threads is None:

@@ -93,11 +93,11 @@ def _options(task_options) -> dict:
     return opts
 
 
-def set_cpu_threads(threads: int | None, on_cpu: bool) -> int | None:
+def set_cpu_threads(threads: int | str | None, on_cpu: bool) -> int | None:
     """Choose torch's intra-op thread count for a command (`hardware.pick_cpu_threads`, the rule the trainers apply
     to a run started from Python too): `threads` when given; on CPU, OMP_NUM_THREADS when set (torch read it at
     import), else 1; on GPU, torch's default. Returns the count set, or None when torch's choice stands."""
-    if threads is not None and threads < 1:
+    if threads is not None and threads != "auto" and threads < 1:
         raise UsageError(f"--threads {threads}: give a thread count >= 1, or leave it unset for the default")
     from ..hardware import pick_cpu_threads
 
