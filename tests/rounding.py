@@ -13,7 +13,9 @@ def assert_trained_weights_close(on: torch.Tensor, off: torch.Tensor, lr: float)
     """
     on, off = on.flatten(), off.flatten()
     tight = torch.isclose(on, off, rtol=1e-4, atol=1e-6)
-    assert tight.float().mean().item() >= 0.999, f"{(~tight).sum().item()} of {on.numel()} elements differ"
+    # one in a thousand, and at least one element (a LoRA team of the tiny model has ~900 trained weights an agent)
+    allowed = max(1, on.numel() // 1000)
+    assert (~tight).sum().item() <= allowed, f"{(~tight).sum().item()} of {on.numel()} elements differ"
     assert (on - off).abs().max().item() <= lr / 100
 
 

@@ -94,7 +94,8 @@ def test_the_thread_rule_and_its_overrides(threads):
     torch.set_num_threads(4)
     assert hardware.pick_cpu_threads(None, on_cpu=True, keep_user_count=True) is None and torch.get_num_threads() == 4
     threads.setenv(hardware.THREADS_ENV, "many")
-    with pytest.raises(ValueError, match="TRL_COLLM_THREADS='many': give a thread count >= 1, or 'torch'"):
+    refused = "TRL_COLLM_THREADS='many': give a thread count >= 1, 'auto' for the idle cores, or 'torch'"
+    with pytest.raises(ValueError, match=refused):
         hardware.pick_cpu_threads(None, on_cpu=True)
     threads.delenv(hardware.THREADS_ENV)
     threads.setenv("OMP_NUM_THREADS", "4")

@@ -232,7 +232,8 @@ def test_mc_lora_team_trains(smollm2_path, tmp_path):
 
     task = get_task(TASK)
     args = MultiAgentMCConfig(
-        **_settings(tmp_path, per_device_train_batch_size=1, num_generations=2, total_episodes=1),
+        # 4 samples: with 2, both can earn the same reward (no advantage, an adapter that never moves) by the draw
+        **_settings(tmp_path, per_device_train_batch_size=1, num_generations=4, total_episodes=1),
         response_length=NEW_TOKENS,
     )
     trainer = MultiAgentMCTrainer(
