@@ -12,7 +12,7 @@ It prints, with a progress bar and an ETA for each phase:
 - the same held-out plays after training, the change paired play by play with its standard error, the texts again;
 - a PNG of the training curve with the held-out scores before and after (needs matplotlib: pip install -e ".[plot]").
 
-    python examples/smollm2_team.py                   # the defaults: 8 min (native bf16) to 22 (AVX2), docs/models.md
+    python examples/smollm2_team.py                   # the defaults: 5 min (native bf16, 2 idle cores), docs/models.md
     python examples/smollm2_team.py --iterations 6    # half the training, for a first look
     python examples/smollm2_team.py --threads 1       # one torch thread (default: the idle cores, see below)
     python examples/smollm2_team.py --fresh           # start over, discarding what --output-dir holds
@@ -291,11 +291,11 @@ def main():
         flush=True,
     )
     if not bf16 and threads == 1:
-        # Measured with these defaults (docs/models.md): 7 min 53 s on a 2-core EPYC with native bf16, 20 min 40 s
-        # in float32 on an AVX2-only one; say so before the user waits.
+        # Measured with these defaults (docs/models.md): 4 min 43 s on an idle 2-core EPYC with native bf16 (2
+        # threads), 20 min 40 s in float32 at one thread on an AVX2-only one; say so before the user waits.
         print(
-            "float32 on one thread: the defaults took ~21 min on a 2-core AVX2 CPU (8 min where bf16 is native); "
-            "--iterations 6 halves the training, --threads 2 uses a second idle core",
+            "float32 on one thread: the defaults took ~21 min on a 2-core AVX2 CPU (under 5 min where bf16 is native, "
+            "on 2 idle cores); --iterations 6 halves the training, --threads N uses N cores",
             flush=True,
         )
     settings = {k: v for k, v in vars(cli).items() if k not in ("threads", "fresh", "output_dir")}

@@ -12,9 +12,8 @@ import os
 import platform
 import time
 
-THREADS_ENV = (
-    "TRL_COLLM_THREADS"  # a count, "auto" (idle cores) or "torch" (torch's choice): the Python path's override
-)
+# The Python path's override: a thread count, "auto" (the idle cores) or "torch" (torch's own choice).
+THREADS_ENV = "TRL_COLLM_THREADS"
 _chosen_threads: int | None = None  # the count pick_cpu_threads last set (the CLI's, then the trainer sees it stands)
 
 _NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})  # x86 (AVX-512 / AMX), Arm (FEAT_BF16)
@@ -99,14 +98,8 @@ def idle_cpu_cores() -> int:
     count that uses an idle machine's cores without spin-waiting for cores that other processes hold (the
     1-minute load average lags: a job that stopped seconds ago still counts)."""
     allowed = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    pairs = set()
-    physical = None
-    for line in _cpuinfo_lines():
-        if line.startswith("physical id"):
-            physical = line.split(":")[1].strip()
-        elif line.startswith("core id"):
-            pairs.add((physical, line.split(":")[1].strip()))
-    cores = min(allowed, len(pairs)) if pairs else allowed
+    physical = _physical_cores()
+    cores = min(allowed, physical) if physical else allowed
     try:
         load = os.getloadavg()[0]
     except OSError:  # not on this platform: assume the cores are busy
@@ -120,10 +113,21 @@ def _torch_default_threads() -> set[int]:
     counts = {os.cpu_count() or 1}
     if hasattr(os, "sched_getaffinity"):
         counts.add(len(os.sched_getaffinity(0)))
-    cores = {line.split(":")[1].strip() for line in _cpuinfo_lines() if line.startswith("core id")}
-    if cores:
-        counts.add(len(cores))
+    if _physical_cores():
+        counts.add(_physical_cores())
     return counts
+
+
+def _physical_cores() -> int:
+    """Physical cores as /proc/cpuinfo lists them (distinct (socket, core id) pairs: hyperthread siblings once);
+    0 where it lists none."""
+    pairs, socket = set(), None
+    for line in _cpuinfo_lines():
+        if line.startswith("physical id"):
+            socket = line.split(":")[1].strip()
+        elif line.startswith("core id"):
+            pairs.add((socket, line.split(":")[1].strip()))
+    return len(pairs)
 
 
 def _cpuinfo_lines() -> list[str]:
@@ -155,7 +159,7 @@ def pick_cpu_threads(threads: int | str | None, on_cpu: bool, keep_user_count: b
                 f"{THREADS_ENV}={value!r}: give a thread count >= 1, 'auto' for the idle cores, or 'torch' for "
                 "torch's own choice"
             )
-        threads = value.lower() if value.lower() == "auto" else int(value)
+        threads = int(value) if value.isdigit() else "auto"
     if threads == "auto":
         threads = idle_cpu_cores()
     if threads is not None and threads < 1:

@@ -166,14 +166,12 @@ class GenerateBackend(GenerationBackend):
             kwargs = dict(gen_kwargs)
             if r.adapter_names is not None:
                 kwargs["adapter_names"] = r.adapter_names[start : start + step]
-            recorder = SampledLogprobs(r.logprob_temperature) if r.logprob_temperature is not None else None
-            processors = [recorder] if recorder is not None else []
-            if own_sampler:
-                if recorder is not None and r.logprob_temperature == r.settings.temperature:
-                    recorder = PolicySampler(r.settings.temperature)  # records from the table it samples from
-                    processors = [recorder]
-                else:
-                    processors.append(PolicySampler(r.settings.temperature))
+            sampler = PolicySampler(r.settings.temperature) if own_sampler else None
+            if sampler is not None and r.logprob_temperature == r.settings.temperature:
+                recorder, processors = sampler, [sampler]  # it records from the table it samples from
+            else:
+                recorder = SampledLogprobs(r.logprob_temperature) if r.logprob_temperature is not None else None
+                processors = [p for p in (recorder, sampler) if p is not None]
             if processors:
                 kwargs["logits_processor"] = LogitsProcessorList(processors)
             rows = slice(start, start + step)
