@@ -1,5 +1,6 @@
-"""The bf16 copies of frozen linear weights under CPU autocast (trl_collm.cpu.autocast_cache): the same numbers as
-plain autocast, made once per weight, refreshed when the weight changes, and never used for a weight that trains."""
+"""The copies of frozen linear weights (trl_collm.cpu.autocast_cache): bf16 under CPU autocast, the same numbers as
+plain autocast; packed for oneDNN in float32 decoding steps, the same up to rounding; made once per weight,
+refreshed when the weight changes, and never used for a weight that trains."""
 
 import pytest
 import torch
@@ -150,10 +151,95 @@ def test_calls_without_a_graph_use_the_packed_weight_with_the_same_outputs():
     x = torch.randn(6, 16)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         with_graph = net(x.requires_grad_())  # a graph: F.linear on the bf16 copy, nothing packed
-        assert net[0]._autocast_packed is None
+        assert getattr(net[0], "_autocast_packed", None) is None
         with torch.no_grad():
             packed = net(x)
         assert net[0]._autocast_packed is not None and net[0]._autocast_packed.is_mkldnn
         with torch.no_grad():
             want = plain(x)
     assert torch.equal(packed, want) and torch.equal(with_graph.detach(), want)
+
+
+def _big_frozen(rows_in=512, rows_out=256):
+    """A frozen layer large enough for the float32 packed path (512 x 256 = PACK_MIN_WEIGHT elements)."""
+    torch.manual_seed(0)
+    return nn.Linear(rows_in, rows_out).requires_grad_(False)
+
+
+def test_float32_decoding_calls_use_a_packed_weight_with_the_outputs_up_to_rounding():
+    from trl_collm.cpu.autocast_cache import PACK_MAX_ROWS, PACK_MIN_WEIGHT, _can_prepack
+
+    if not _can_prepack(torch.float32):
+        pytest.skip("no oneDNN linear in this torch build: the float32 packed path is off")
+    layer, small = _big_frozen(), _net()
+    assert layer.weight.numel() == PACK_MIN_WEIGHT
+    plain = _big_frozen()
+    cache_frozen_linears(layer)
+    cache_frozen_linears(small)
+    x = torch.randn(2, 8, 512)  # 16 rows: a decoding step's batch
+    with torch.no_grad():
+        got = layer(x)
+        assert layer._autocast_packed.is_mkldnn and not hasattr(layer, "_autocast_copy")  # float32: no bf16 copy
+        torch.testing.assert_close(got, plain(x), rtol=1e-5, atol=1e-6)
+        small(torch.randn(16, 16))
+        assert getattr(small[0], "_autocast_packed", None) is None  # too small to pay: F.linear, bitwise as before
+        layer._autocast_packed = None
+        wide = torch.randn(PACK_MAX_ROWS + 1, 512)  # more rows than a decoding step (a prefill): F.linear
+        assert torch.equal(layer(wide), plain(wide)) and layer._autocast_packed is None
+        layer(x)
+        packed_once = layer._autocast_packed
+        layer(x)
+        assert layer._autocast_packed is packed_once  # made once, reused
+        layer.weight.mul_(2.0)  # an in-place load: packed again from the new values
+        plain.weight.mul_(2.0)
+        torch.testing.assert_close(layer(x), plain(x), rtol=1e-5, atol=1e-6)
+        assert layer._autocast_packed is not packed_once
+    y = layer(x.clone().requires_grad_())  # a graph: F.linear, so that the input's gradient flows as before
+    y.sum().backward()
+    trained = _big_frozen().requires_grad_(True)
+    cache_frozen_linears(trained)
+    with torch.no_grad():
+        trained(x)
+    assert getattr(trained, "_autocast_packed", None) is None  # a weight that trains is never packed
+
+
+def test_a_float32_model_decodes_the_same_tokens_with_its_large_weights_packed():
+    """A Qwen2 of the "small" size (256 hidden, 688 MLP): its MLP weights are packed, its attention ones are not.
+    Sampled with the same seed, the adapted model draws the same tokens, scores equal up to float rounding."""
+    from transformers import AutoModelForCausalLM
+
+    from trl_collm.cpu import adapt_for_cpu
+    from trl_collm.cpu.autocast_cache import _can_prepack
+    from trl_collm.testing import tiny_model_dir
+
+    if not _can_prepack(torch.float32):
+        pytest.skip("no oneDNN linear in this torch build: the float32 packed path is off")
+    path = tiny_model_dir("small-qwen2", size="small")
+    plain = AutoModelForCausalLM.from_pretrained(path).eval()
+    adapted = AutoModelForCausalLM.from_pretrained(path).eval()
+    adapted.requires_grad_(False)
+    adapt_for_cpu(adapted)
+    ids = torch.randint(5, 200, (4, 12), generator=torch.Generator().manual_seed(0))
+
+    def sample(model):
+        torch.manual_seed(0)
+        with torch.no_grad():
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=12,
+                do_sample=True,
+                top_k=0,
+                pad_token_id=0,
+                output_scores=True,
+                return_dict_in_generate=True,
+            )
+        return out.sequences, torch.stack(out.scores)
+
+    want_tokens, want_scores = sample(plain)
+    tokens, scores = sample(adapted)
+    mlp = adapted.model.layers[0].mlp
+    assert mlp.up_proj._autocast_packed.is_mkldnn and mlp.down_proj._autocast_packed.is_mkldnn
+    assert getattr(adapted.model.layers[0].self_attn.q_proj, "_autocast_packed", None) is None  # 256 x 256: plain
+    assert torch.equal(tokens, want_tokens)
+    torch.testing.assert_close(scores, want_scores, rtol=1e-4, atol=1e-4)

@@ -48,7 +48,7 @@ def _generate(model, ids, mask, bf16: bool, **cache):
 def test_generate_samples_the_same_tokens_and_scores_as_with_transformers_cache(bf16):
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir()).eval()
     if bf16:
-        adapt_for_cpu(model, bf16=True)  # float32 attention and bf16 weight copies, as the trainers run CPU bf16
+        adapt_for_cpu(model)  # float32 attention and bf16 weight copies, as the trainers run CPU bf16
     ids, mask = _batch()
     plain_tokens, plain_scores = _generate(model, ids, mask, bf16)
     tokens, scores = _generate(model, ids, mask, bf16, **{prefix.cache_keyword(model): DecodeCache(16)})

@@ -6,7 +6,9 @@ vocabulary projection) at M rows, float32, one thread, two ways:
 - **in cache**: one layer's weights, multiplied again and again (they stay in the CPU's caches: what a matmul
   benchmark measures);
 - **streamed**: all 30 layers' distinct weights in turn, 425 MB in float32, as a decode step reads them (from memory).
-It prints GFLOP per CPU-second of each and the bytes of weights read per CPU-second while streaming.
+It prints GFLOP per CPU-second of each and the bytes of weights read per CPU-second while streaming, and the streamed
+layers and the vocabulary head once more with the weights in oneDNN's packed layout (`torch.ops.mkldnn`, what
+`cpu/autocast_cache.py` gives a frozen weight of at least PACK_MIN_WEIGHT elements for decoding steps).
 
     python benchmarks/speed/bench_decode_gemm.py                  # M = 8, 16, 64
     python benchmarks/speed/bench_decode_gemm.py --rows 16 --repeats 5
@@ -57,7 +59,12 @@ def main():
         f"float32, one thread; {LAYERS} layers x {layer_bytes / 1e6:.1f} MB of weights, vocabulary head "
         f"{4 * head.numel() / 1e6:.0f} MB"
     )
-    print(f"{'rows':>4} {'layers in cache':>16} {'layers streamed':>16} {'streamed GB/s':>13} {'vocab head':>11}")
+    packed = [[torch.ops.mkldnn._reorder_linear_weight(w, None) for w in weights] for weights in layers]
+    head_packed = torch.ops.mkldnn._reorder_linear_weight(head, None)
+    print(
+        f"{'rows':>4} {'layers in cache':>16} {'layers streamed':>16} {'streamed GB/s':>13} {'vocab head':>11}"
+        f" {'streamed, packed':>17} {'head, packed':>13}"
+    )
     for m in opts.rows:
         xs = {k: torch.randn(m, k) for k in (HIDDEN, INTER)}
 
@@ -68,10 +75,20 @@ def main():
         cached = _cpu_seconds(lambda: [one_layer(layers[0]) for _ in range(LAYERS)], opts.repeats)
         streamed = _cpu_seconds(lambda: [one_layer(w) for w in layers], opts.repeats)
         vocab = _cpu_seconds(lambda: torch.nn.functional.linear(xs[HIDDEN], head), opts.repeats)
-        flops = LAYERS * layer_flops_per_row * m
+
+        def one_packed(weights, plain):
+            for w, p in zip(weights, plain):
+                torch.ops.mkldnn._linear_pointwise(xs[p.shape[1]], w, None, "none", [], "")
+
+        streamed_packed = _cpu_seconds(lambda: [one_packed(w, p) for w, p in zip(packed, layers)], opts.repeats)
+        vocab_packed = _cpu_seconds(
+            lambda: torch.ops.mkldnn._linear_pointwise(xs[HIDDEN], head_packed, None, "none", [], ""), opts.repeats
+        )
+        flops, head_flops = LAYERS * layer_flops_per_row * m, 2 * m * head.numel()
         print(
             f"{m:>4} {flops / cached / 1e9:>10.0f} GF/s {flops / streamed / 1e9:>10.0f} GF/s "
-            f"{LAYERS * layer_bytes / streamed / 1e9:>13.1f} {2 * m * head.numel() / vocab / 1e9:>6.0f} GF/s"
+            f"{LAYERS * layer_bytes / streamed / 1e9:>13.1f} {head_flops / vocab / 1e9:>6.0f} GF/s"
+            f" {flops / streamed_packed / 1e9:>12.0f} GF/s {head_flops / vocab_packed / 1e9:>8.0f} GF/s"
         )
 
 

@@ -9,7 +9,8 @@ alternating rounds in one process (CPU seconds, one thread):
 - `decode cache`: `trl_collm.cpu.kv_cache.DecodeCache` (written in place) and PEFT's mixed batch;
 - `+ stacked LoRA`: DecodeCache and `trl_collm.cpu.lora_mixed` (the mixed batch as two stacked matmuls per layer),
   what the trainers run on a CPU (under bf16 with the frozen weights prepacked for oneDNN: `cpu/autocast_cache.py`);
-- `unpacked`: the same with the frozen bf16 weights multiplied by `F.linear` (reordered at every call);
+- `unpacked`: the same with the frozen weights multiplied by `F.linear` (bf16: reordered at every call; float32:
+  MKL's product on the plain layout) instead of oneDNN's prepacked copies;
 - `one adapter` / `no adapter`: the same step with one adapter for all rows / the bare base (what the mixing costs).
 
 Under `--dtype bf16` the model runs under CPU bf16 autocast with the trainers' other CPU adaptations (bf16 copies of
@@ -50,7 +51,7 @@ def build_team(model_path: str, bf16: bool):
                 p.copy_(torch.randn(p.shape, generator=g) * 0.01)
     from trl_collm.cpu import adapt_for_cpu
 
-    adapt_for_cpu(team, bf16=bf16)  # as the trainers run on a CPU (measure() switches the stacked LoRA per variant)
+    adapt_for_cpu(team)  # as the trainers run on a CPU (measure() switches the stacked LoRA per variant)
     return team.eval()
 
 
@@ -86,7 +87,7 @@ def step_ms(team, ids, variant: str, steps: int) -> float:
 
 
 def use_prepacked(team, on: bool) -> None:
-    """Frozen bf16 weights multiplied prepacked (`on`) or through `F.linear` (cpu/autocast_cache.py)."""
+    """Frozen weights multiplied prepacked (`on`) or through `F.linear` (cpu/autocast_cache.py)."""
     for module in team.modules():
         if getattr(module, "_autocast_cached", False):
             module._prepack = on

@@ -2,8 +2,9 @@
 they differ) and is switched on from one place.
 
 - `autocast_cache.py`: one bf16 copy of each frozen linear weight while CPU bf16 autocast is on (and a oneDNN-packed
-  one for the calls without a graph: decoding), and one bf16 copy of each float32 input that several linear layers
-  read (q / k / v, gate / up, a LoRA A beside its base);
+  one for the calls without a graph: decoding), one bf16 copy of each float32 input that several linear layers read
+  (q / k / v, gate / up, a LoRA A beside its base), and in float32 a oneDNN-packed copy of each large frozen weight
+  for decoding steps (the same outputs up to float rounding);
 - `attention.py`: attention computed in float32 under CPU bf16 autocast (torch's CPU kernels are slower in bf16),
   grouped query heads given to the kernel instead of copied keys and values;
 - `mlp.py`: the gated SiLU MLP keeping one activation less for its backward (the same numbers);
@@ -12,8 +13,9 @@ they differ) and is switched on from one place.
 - `kv_cache.py`: the decoding KV cache written in place (no per-step `torch.cat`), values stored in the keys' dtype
   under CPU autocast (no per-step cast of the whole cache); generation uses it on every device.
 
-`adapt_for_cpu(module, bf16)` is the one switch for all but the KV cache: the trainers call it on every model they
-run on a CPU (the bf16 weight copies only under bf16 autocast). What the CPU can do is detected in
+`adapt_for_cpu(module)` is the one switch for all but the KV cache: the trainers call it on every model they run on
+a CPU (the bf16 weight copies are made only under bf16 autocast, the packed ones at a layer's first call that uses
+them). What the CPU can do is detected in
 `trl_collm/hardware.py`.
 """
 
@@ -29,14 +31,13 @@ from .mlp import use_lean_mlp
 __all__ = ["adapt_for_cpu"]
 
 
-def adapt_for_cpu(module: nn.Module, bf16: bool) -> None:
+def adapt_for_cpu(module: nn.Module) -> None:
     """Switch on the CPU adaptations for `module`: mixed-adapter LoRA batches as stacked matmuls (the same outputs
     up to float rounding), grouped-query attention without key / value copies (float32 under bf16 autocast; the
-    same outputs, key / value gradients up to float rounding), the lean MLP (the same numbers) and, when it runs
-    under CPU bf16 autocast (`bf16`), the bf16 copies of its frozen linear weights (the same numbers as plain
-    autocast, without a cast per call)."""
+    same outputs, key / value gradients up to float rounding), the lean MLP (the same numbers) and the frozen linear
+    weights' copies: bf16 under CPU bf16 autocast (the same numbers as plain autocast, without a cast per call),
+    oneDNN-packed for decoding (bf16 bitwise the same, float32 up to float rounding)."""
     stack_mixed_lora_batches(module)
     use_cpu_attention(module)
     use_lean_mlp(module)
-    if bf16:
-        cache_frozen_linears(module)
+    cache_frozen_linears(module)

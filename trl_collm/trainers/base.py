@@ -97,7 +97,7 @@ class TeamTrainerBase(TrainingLoop, TeamUpdates, _BaseTrainer):
         if self.accelerator.device.type == "cpu":  # the CPU adaptations, switched on in one place (trl_collm/cpu/)
             for module in (team, critic, *(r for r in team._refs.values() if r is not None)):
                 if isinstance(module, torch.nn.Module):
-                    adapt_for_cpu(module, bf16=bool(args.bf16))
+                    adapt_for_cpu(module)
         install_console(self)  # one line of a few numbers per log, a progress bar with its ETA (progress.py)
         self.phase_clock = PhaseClock()
         self.sampler = self.build_sampler()
