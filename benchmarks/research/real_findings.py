@@ -343,7 +343,7 @@ def run_one(
         # CPU time is what a run costs whatever the machine's load (wall time on a shared machine is not); per
         # iteration over the iterations this process trained (a resumed run's earlier ones ran elsewhere)
         cpu_seconds=cpu_seconds,
-        iteration_cpu_seconds=cpu_seconds / max(1, trained_here),
+        iteration_cpu_seconds=cpu_seconds / trained_here if trained_here else None,  # None: resumed for its plays only
     )
 
 
