@@ -5,6 +5,7 @@ refreshed when the weight changes, and never used for a weight that trains."""
 import pytest
 import torch
 from backward import forward_backward
+from seeded_sampling import sample_with_scores
 from torch import nn
 
 from trl_collm.cpu.autocast_cache import cache_frozen_linears
@@ -221,23 +222,9 @@ def test_a_float32_model_decodes_the_same_tokens_with_its_large_weights_packed()
     adapt_for_cpu(adapted)
     ids = torch.randint(5, 200, (4, 12), generator=torch.Generator().manual_seed(0))
 
-    def sample(model):
-        torch.manual_seed(0)
-        with torch.no_grad():
-            out = model.generate(
-                input_ids=ids,
-                attention_mask=torch.ones_like(ids),
-                max_new_tokens=12,
-                do_sample=True,
-                top_k=0,
-                pad_token_id=0,
-                output_scores=True,
-                return_dict_in_generate=True,
-            )
-        return out.sequences, torch.stack(out.scores)
-
-    want_tokens, want_scores = sample(plain)
-    tokens, scores = sample(adapted)
+    mask = torch.ones_like(ids)
+    want_tokens, want_scores = sample_with_scores(plain, ids, mask, max_new_tokens=12)
+    tokens, scores = sample_with_scores(adapted, ids, mask, max_new_tokens=12)
     mlp = adapted.model.layers[0].mlp
     assert mlp.up_proj._autocast_packed.is_mkldnn and mlp.down_proj._autocast_packed.is_mkldnn
     assert getattr(adapted.model.layers[0].self_attn.q_proj, "_autocast_packed", None) is None  # 256 x 256: plain

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from seeded_sampling import sample_with_scores
 from transformers import AutoModelForCausalLM, DynamicCache
 
 from trl_collm.cpu import adapt_for_cpu
@@ -27,31 +28,14 @@ def _batch():
     return ids, mask
 
 
-def _generate(model, ids, mask, bf16: bool, **cache):
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16), torch.no_grad():
-        torch.manual_seed(0)
-        out = model.generate(
-            input_ids=ids,
-            attention_mask=mask,
-            max_new_tokens=16,
-            do_sample=True,
-            top_k=0,
-            pad_token_id=0,
-            output_scores=True,
-            return_dict_in_generate=True,
-            **cache,
-        )
-    return out.sequences, torch.stack(out.scores)
-
-
 @pytest.mark.parametrize("bf16", [False, True])
 def test_generate_samples_the_same_tokens_and_scores_as_with_transformers_cache(bf16):
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir()).eval()
     if bf16:
         adapt_for_cpu(model)  # float32 attention and bf16 weight copies, as the trainers run CPU bf16
     ids, mask = _batch()
-    plain_tokens, plain_scores = _generate(model, ids, mask, bf16)
-    tokens, scores = _generate(model, ids, mask, bf16, **{prefix.cache_keyword(model): DecodeCache(16)})
+    plain_tokens, plain_scores = sample_with_scores(model, ids, mask, bf16)
+    tokens, scores = sample_with_scores(model, ids, mask, bf16, **{prefix.cache_keyword(model): DecodeCache(16)})
     assert torch.equal(tokens, plain_tokens)
     torch.testing.assert_close(scores, plain_scores, rtol=0, atol=1e-5)
 
@@ -64,7 +48,7 @@ def test_a_prefilled_cache_continues_as_transformers_cache_does(model):
     keyword = prefix.cache_keyword(model)
 
     def with_cache(cache):
-        return _generate(model, ids, mask, False, **{keyword: cache})
+        return sample_with_scores(model, ids, mask, False, **{keyword: cache})
 
     plain = DynamicCache()
     for i, layer in enumerate(layers):
