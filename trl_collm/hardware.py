@@ -113,8 +113,9 @@ def _torch_default_threads() -> set[int]:
     counts = {os.cpu_count() or 1}
     if hasattr(os, "sched_getaffinity"):
         counts.add(len(os.sched_getaffinity(0)))
-    if _physical_cores():
-        counts.add(_physical_cores())
+    cores = _physical_cores()
+    if cores:
+        counts.add(cores)
     return counts
 
 

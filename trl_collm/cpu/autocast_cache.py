@@ -101,13 +101,18 @@ def _cached_linear_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
         self._autocast_copy_key = key
     bias = None if self.bias is None else self.bias.to(dtype)
     x = _shared_input(x, dtype)
-    if _packable(self, dtype) and not (torch.is_grad_enabled() and x.requires_grad):
+    if _packable(self, dtype) and not _builds_graph(x):
         return _packed_linear(x, _packed(self, self._autocast_copy, dtype), bias)
     return F.linear(x, self._autocast_copy, bias)
 
 
 def _packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+def _builds_graph(x: torch.Tensor) -> bool:
+    # the packed product has no backward: only calls whose input carries no gradient may use it
+    return torch.is_grad_enabled() and x.requires_grad
 
 
 def _packable(layer: nn.Linear, dtype: torch.dtype) -> bool:
@@ -122,7 +127,7 @@ def _packs_float32(layer: nn.Linear, x: torch.Tensor) -> bool:
     return (
         x.dtype == weight.dtype == torch.float32
         and not weight.requires_grad
-        and not (torch.is_grad_enabled() and x.requires_grad)
+        and not _builds_graph(x)
         and weight.numel() >= PACK_MIN_WEIGHT
         and x.numel() <= PACK_MAX_ROWS * weight.shape[1]
         and _packable(layer, torch.float32)
@@ -149,7 +154,7 @@ def _can_prepack(dtype: torch.dtype) -> bool:
 
 _ONEDNN_LINEAR = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 _PREPACK_BF16 = _ONEDNN_LINEAR and torch.ops.mkldnn._is_mkldnn_bf16_supported()
-# Float32 packing only where it pays (benchmarks/speed/bench_decode_gemm.py --packed, one thread, 16 rows): oneDNN
+# Float32 packing only where it pays (one thread, 16 rows; bench_decode_gemm.py prints the packed rates): oneDNN
 # costs ~15 us a call whatever the size, so a 256 x 256 weight multiplies in 38 us packed against 32 with F.linear,
 # 192 x 576 ties (61 / 59 us), 384 x 384 gains (68 / 104), SmolLM2's 1,536 x 576 MLP 367 / 671 and its 49,152-word
 # vocabulary head 11.0 / 25.9 ms. Decoding steps have a few rows; calls with more (a prefill, a critic's scoring) keep
