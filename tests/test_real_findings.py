@@ -276,6 +276,24 @@ def test_bootstrap_is_fixed_by_its_seed():
     assert other["difference"] == one["difference"] and (other["low"], other["high"]) != (one["low"], one["high"])
 
 
+def test_seed_permutation_counts_the_splits_by_hand():
+    """Three seeds each, every run of a above every run of b: of the 20 splits only the observed one and its mirror
+    are as far apart, p = 2/20, the floor 3 vs 3 allows. [1, 2] against [0]: the splits {1,2}|{0}, {1,0}|{2} and
+    {2,0}|{1} differ by 1.5, -1.5 and 0, so p = 2/3 with a floor of 1/3. Two groups of the same values: p = 1."""
+    row = method_intervals.seed_permutation([1.2, 1.3, 1.4], [0.7, 0.8, 0.9])
+    assert row == dict(p=pytest.approx(0.1), floor=pytest.approx(0.1), splits=20)
+    row = method_intervals.seed_permutation([1.0, 2.0], [0.0])
+    assert row == dict(p=pytest.approx(2 / 3), floor=pytest.approx(1 / 3), splits=3)
+    assert method_intervals.seed_permutation([0.5, 1.0], [1.0, 0.5])["p"] == pytest.approx(1.0)
+    # the 2-turn table's seeds (CC 1.253, 1.276, 0.907 against MC 0.999, 0.685, 0.919; gap 0.278): as far apart are
+    # the observed split, the two that trade CC's 0.907 for MC's 0.999 or 0.919 (gaps 0.339, 0.286), and the three
+    # mirrors: 6 of 20
+    row = method_intervals.seed_permutation([1.253, 1.276, 0.907], [0.999, 0.685, 0.919])
+    assert row["p"] == pytest.approx(0.3)
+    with pytest.raises(ValueError, match="at least one run"):
+        method_intervals.seed_permutation([], [1.0])
+
+
 def _play_run(method, seed, totals, rows=None, eval_seed=1234):
     rows = rows or [f"r{i}" for i in range(len(totals))]
     plays = [dict(total=t, level1=1.0, row=r) for t, r in zip(totals, rows)]
@@ -292,6 +310,7 @@ def test_difference_lines_pair_plays_with_the_start_or_say_they_fall_back_to_see
     assert rows[0]["difference"] == pytest.approx(0.5)
     assert lines[1].startswith("- CC - MC = +0.50 [95 % interval ")
     assert "3 vs 3 seeds; bootstrap over seeds and plays" in lines[1]
+    assert "seed means alone: permutation p = 0.10, the smallest these seeds allow 0.10" in lines[1]
     # the same runs without per-play scores: one value a run, and the line says so
     bare = [dict(r, eval=dict(return_mean=r["eval"]["return_mean"])) for r in runs]
     lines, rows = method_intervals.difference_lines(bare, start, ("cc", "mc"))
@@ -300,6 +319,7 @@ def test_difference_lines_pair_plays_with_the_start_or_say_they_fall_back_to_see
     # one seed of a method: said, since the seed spread is then not in the interval
     lines, _ = method_intervals.difference_lines(runs[:1] + runs[3:], start, ("cc", "mc"))
     assert "1 vs 3 seeds" in lines[1] and "CC: one seed, so no seed spread in the interval" in lines[1]
+    assert "permutation" not in lines[1]  # one seed: no seed-level test to make
     assert method_intervals.difference_lines(runs[:3], start, ("cc", "mc")) == ([], [])
 
 

@@ -13,6 +13,11 @@ Percentile interval, RESAMPLES draws from numpy's default generator at a fixed s
 files give the same interval, digit for digit. With 3 seeds a method has only 10 distinct seed draws, and a
 bootstrap over n values understates their spread by about a factor sqrt((n - 1) / n): read the interval as a
 guide to how far apart the methods are, not as an exact 95 % coverage.
+
+Beside it, a check that leaves the plays out and cannot understate the seeds: an exact permutation test on the seed
+means (each run one value, its held-out return; every way of splitting the pooled runs into two groups of the
+methods' sizes, `seed_permutation`). With 3 seeds against 3 there are 20 splits, so its two-sided p is never below
+0.10: a table of 3 seeds a method cannot pass it at 0.05, and the line prints that floor beside the p.
 """
 
 from __future__ import annotations
@@ -95,6 +100,25 @@ def method_samples(runs: list[dict], start: dict | None) -> tuple[list[list[floa
     return [[r["eval"]["return_mean"]] for r in runs], False
 
 
+def seed_permutation(a: list[float], b: list[float]) -> dict:
+    """Exact two-sided permutation test of mean(a) - mean(b) over seed-level values: p is the share of all splits of
+    the pooled values into groups of len(a) and len(b) whose difference of means is at least as far from 0 as the
+    observed one (the observed split included); `floor` is the smallest p these group sizes allow."""
+    if not a or not b:
+        raise ValueError("each method needs at least one run")
+    pooled = [*a, *b]
+    total = sum(pooled)
+    observed = abs(sum(a) / len(a) - sum(b) / len(b))
+    splits = extreme = 0
+    for picked in itertools.combinations(range(len(pooled)), len(a)):
+        in_a = sum(pooled[i] for i in picked)
+        diff = abs(in_a / len(a) - (total - in_a) / len(b))
+        splits += 1
+        extreme += diff >= observed - 1e-12  # float sums of the same values in another order
+    # the mirror image of the observed split (a and b swapped) is as extreme when the groups are the same size
+    return dict(p=extreme / splits, floor=min(1.0, (2 if len(a) == len(b) else 1) / splits), splits=splits)
+
+
 def difference_rows(runs: list[dict], start: dict | None, methods, seed: int = BOOTSTRAP_SEED) -> list[dict]:
     """Every pair of `methods` that has finished runs: the difference of their held-out returns and its bootstrap
     interval, and what was resampled."""
@@ -108,6 +132,10 @@ def difference_rows(runs: list[dict], start: dict | None, methods, seed: int = B
             a = [[r["eval"]["return_mean"]] for r in runs if r["method"] == first]
             b = [[r["eval"]["return_mean"]] for r in runs if r["method"] == second]
         row = bootstrap_difference(a, b, seed=seed)
+        row["seed_test"] = seed_permutation(
+            [r["eval"]["return_mean"] for r in runs if r["method"] == first],
+            [r["eval"]["return_mean"] for r in runs if r["method"] == second],
+        )
         row.update(a=first, b=second, seeds_a=len(a), seeds_b=len(b), over="seeds and plays" if paired else "seeds")
         out.append(row)
     return out
@@ -130,6 +158,11 @@ def difference_line(row: dict) -> str:
         notes.append(f"{' and '.join(few)}: one seed, so no seed spread in the interval")
     if row["low"] <= 0 <= row["high"]:
         notes.append("the interval includes 0")
+    test = row.get("seed_test")
+    if test and row["seeds_a"] > 1 and row["seeds_b"] > 1:
+        notes.append(
+            f"seed means alone: permutation p = {test['p']:.2f}, the smallest these seeds allow {test['floor']:.2f}"
+        )
     return f"{text} ({'; '.join(notes)})"
 
 
