@@ -354,7 +354,7 @@ def test_revise_table_is_partial_with_its_spread_and_intervals_and_a_second_rate
     save("cc", 1, 3e-3, up, [1.0, 1.5, 1.5, 1.0, 2.0, 1.0])
     save("mc", 0, 3e-3, flat, [1.0, 0.5, 1.0, 0.5, 1.0, 0.5])
     text = real_findings.report("writing-revise", str(tmp_path), str(tmp_path / "fig"), s, 0)
-    cc = "- CC: lr 0.003 chosen of [0.003] (target [0.003]), 2/3 seeds, [256] env steps (target 256) - PARTIAL"
+    cc = "- CC: lr 0.003 chosen of [0.003] (target [0.001, 0.003]), 2/3 seeds, [256] env steps (target 256) - PARTIAL"
     assert cc in text
     assert "- DC: no finished run - MISSING" in text
     assert "| CC | 0.003 | 2 | 1.333 (SD 0.000; 1.333 to 1.333)" in text  # both seeds return 1.333
@@ -370,7 +370,7 @@ def test_revise_table_is_partial_with_its_spread_and_intervals_and_a_second_rate
     runs = real_findings.sweep_runs(str(tmp_path), "writing-revise", swept)
     assert real_findings.choose_rates(runs, ("cc", "dc", "mc"), 0) == {"cc": 3e-3, "mc": 1e-3}
     text = real_findings.report("writing-revise", str(tmp_path), str(tmp_path / "fig"), swept, 0)
-    assert "- MC: lr 0.001 chosen of [0.001, 0.003] (target [0.003]), 1/3 seeds" in text
+    assert "- MC: lr 0.001 chosen of [0.001, 0.003] (target [0.001, 0.003]), 1/3 seeds" in text
 
 
 def _episode(total):

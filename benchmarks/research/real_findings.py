@@ -71,11 +71,10 @@ TASKS = {
         max_reward=3.0,
         describe="2 writers, 1 turn, level-gated reward (length, ratio, style)",
     ),
-    # writing-summary drafted, then revised with the teammate's draft in view, paid at the end (issue 28 part 4:
-    # where the critic should matter). 256 env steps = 128 episodes of 2 turns, writing-summary's 16 iterations;
-    # one rate, the writing table's best for all three methods (3e-3). The writing table's rule (each rate on seed 0,
-    # the best final training return kept) asks for a second rate: `--lrs 3e-3 1e-3` runs 1e-3 on seed 0 for each
-    # method and choose_rates keeps the better one (docs/real_findings.md).
+    # writing-summary drafted, then revised with the teammate's draft in view, paid at the end (issue 46: where the
+    # critic should matter). 256 env steps = 128 episodes of 2 turns, writing-summary's 16 iterations; the writing
+    # table's two rates and its rule (each rate on seed 0, the better final training return kept; 3e-3 won for all
+    # three methods, docs/real_findings.md).
     "writing-revise": dict(
         methods=("cc", "dc", "mc"),
         seeds=(0, 1, 2),
@@ -84,7 +83,7 @@ TASKS = {
         response_length=96,
         eval_limit=None,
         eval_repeats=1,
-        lrs=(3e-3,),
+        lrs=(1e-3, 3e-3),
         max_reward=3.0,
         describe="2 writers, 2 turns (draft, then revision seeing the teammate's draft), reward at the end only",
     ),
