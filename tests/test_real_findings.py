@@ -411,3 +411,68 @@ def test_horizon_puts_both_writing_tables_side_by_side_with_env_steps_to_one_lev
     cc = "| CC | 2 (lr 0.003) | 1.125 (0.177) | +0.625 | 76 (2/2 seeds) | 2 (lr 0.003) | 1.125 (0.177) | +0.625 | 152 "
     assert cc in text
     assert "| MC | - | - | - | - |" in text  # no runs: dashes, not a crash
+
+
+# ------------------------------------------------------------------------------- one cell on two codes (same_cell)
+
+
+def _save_cell(root, method, seed, totals, start_totals=None, lr=3e-3):
+    """A writing-summary run file (and, with `start_totals`, the starting model's) under `root`, as real_findings.py
+    writes them."""
+    import same_cell
+
+    s = same_cell.settings("writing-summary", compute="bf16")
+    os.makedirs(os.path.join(root, "writing-summary"), exist_ok=True)
+    if start_totals is not None:
+        start = _play_run("start", 0, start_totals)["eval"]
+        with open(real_findings.start_path(str(root), "writing-summary", s), "w") as f:
+            json.dump(start, f)
+    run = _play_run(method, seed, totals)
+    run.update(task="writing-summary", lr=lr, budget=128, env_steps=128, batch=8, response_length=96, compute="bf16")
+    run["curve"] = [(8 * i, 0.5) for i in range(1, 17)]
+    with open(real_findings.run_path(str(root), "writing-summary", method, seed, lr, s), "w") as f:
+        json.dump(run, f)
+
+
+def test_same_cell_compares_two_sets_of_seeds_gathered_from_several_folders(tmp_path, capsys):
+    """Side one: seeds 0 and 1 in one folder, seed 2 in another (returns 1.5, 1.25, 1.0); side two: 0.75, 0.5, 1.0.
+    Means 1.25 and 0.75, difference +0.5; of the 20 splits of the six values, those as far apart (|gap| >= 0.5) are
+    the observed one, the one trading 1.0 for 1.0, and their mirrors: p = 4/20. Same start, so plays are drawn too; a
+    seed given twice on one side is refused, and so is a side without runs."""
+    import same_cell
+
+    start = [0.5, 0.5, 0.5, 0.5]
+    _save_cell(tmp_path / "a", "cc", 0, [1.5] * 4, start)
+    _save_cell(tmp_path / "a", "cc", 1, [1.0, 1.5, 1.0, 1.5], start)
+    _save_cell(tmp_path / "a2", "cc", 2, [1.0] * 4)
+    _save_cell(tmp_path / "a2", "mc", 2, [0.0] * 4)  # another method: not gathered
+    for seed, total in enumerate((0.75, 0.5, 1.0)):
+        _save_cell(tmp_path / "b", "cc", seed, [total] * 4, start if seed == 0 else None)
+    args = ["--task", "writing-summary", "--method", "cc", "--first", str(tmp_path / "a"), str(tmp_path / "a2")]
+    result = same_cell.main([*args, "--second", str(tmp_path / "b")])
+    assert result["first"]["seeds"] == [0, 1, 2] and result["first"]["mean"] == pytest.approx(1.25)
+    assert result["second"]["returns"] == pytest.approx([0.75, 0.5, 1.0])
+    assert result["difference"] == pytest.approx(0.5)
+    assert result["permutation"] == dict(p=pytest.approx(0.2), floor=pytest.approx(0.1), splits=20)
+    assert result["over"].startswith("seeds and plays") and result["low"] < 0.5 < result["high"]
+    assert "first - second = +0.500 [95 % interval" in capsys.readouterr().out
+    # another starting model on the second side: the plays do not pair, so seeds only
+    _save_cell(tmp_path / "c", "cc", 0, [0.75] * 4, [0.0, 1.0, 0.5, 0.5])
+    assert same_cell.main([*args, "--second", str(tmp_path / "c")])["over"] == "seeds only"
+    _save_cell(tmp_path / "a2", "cc", 1, [1.0] * 4)
+    with pytest.raises(SystemExit, match="cc seed 1 at lr 0.003 is in both"):
+        same_cell.main([*args, "--second", str(tmp_path / "b")])
+    with pytest.raises(SystemExit):
+        same_cell.main(
+            [
+                "--task",
+                "writing-summary",
+                "--method",
+                "dc",
+                "--first",
+                str(tmp_path / "b"),
+                "--second",
+                str(tmp_path / "b"),
+            ]
+        )
+    assert "no finished dc run" in capsys.readouterr().err
