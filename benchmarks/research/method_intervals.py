@@ -127,15 +127,13 @@ def difference_rows(runs: list[dict], start: dict | None, methods, seed: int = B
     for first, second in itertools.combinations(have, 2):
         a, paired_a = method_samples([r for r in runs if r["method"] == first], start)
         b, paired_b = method_samples([r for r in runs if r["method"] == second], start)
+        values_a = [r["eval"]["return_mean"] for r in runs if r["method"] == first]
+        values_b = [r["eval"]["return_mean"] for r in runs if r["method"] == second]
         paired = paired_a and paired_b
         if not paired:  # both as whole-run values, so the two methods are resampled alike
-            a = [[r["eval"]["return_mean"]] for r in runs if r["method"] == first]
-            b = [[r["eval"]["return_mean"]] for r in runs if r["method"] == second]
+            a, b = [[v] for v in values_a], [[v] for v in values_b]
         row = bootstrap_difference(a, b, seed=seed)
-        row["seed_test"] = seed_permutation(
-            [r["eval"]["return_mean"] for r in runs if r["method"] == first],
-            [r["eval"]["return_mean"] for r in runs if r["method"] == second],
-        )
+        row["seed_test"] = seed_permutation(values_a, values_b)
         row.update(a=first, b=second, seeds_a=len(a), seeds_b=len(b), over="seeds and plays" if paired else "seeds")
         out.append(row)
     return out

@@ -28,7 +28,13 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from method_intervals import bootstrap_difference, play_changes, seed_permutation, seed_spread  # noqa: E402
+from method_intervals import (  # noqa: E402
+    bootstrap_difference,
+    method_samples,
+    play_changes,
+    seed_permutation,
+    seed_spread,
+)
 from real_findings import TASKS, settings, start_path, sweep_runs  # noqa: E402
 
 
@@ -60,16 +66,16 @@ def compare(first: list[dict], second: list[dict], start_first: dict | None, sta
     """Both sides' seeds and spreads, the difference of their means, its bootstrap interval and permutation test."""
     a = [r["eval"]["return_mean"] for r in first]
     b = [r["eval"]["return_mean"] for r in second]
-    same_start = bool(start_first and start_second) and play_changes(start_first, start_second) is not None
-    same_start = same_start and all(x == 0 for x in play_changes(start_first, start_second))
-    samples = None
-    if same_start:
-        pa = [play_changes(r["eval"], start_first) for r in first]
-        pb = [play_changes(r["eval"], start_second) for r in second]
-        if all(c is not None for c in (*pa, *pb)):
-            samples = (pa, pb)
-    over = "seeds and plays, each play paired with the starting model's" if samples else "seeds only"
-    boot = bootstrap_difference(*(samples or ([[v] for v in a], [[v] for v in b])))
+    # the plays pair across the two sides only when both sides' starting models played the same rows alike
+    start_gap = play_changes(start_first, start_second) if start_first else None
+    same_start = start_gap is not None and not any(start_gap)
+    samples_a, paired_a = method_samples(first, start_first)
+    samples_b, paired_b = method_samples(second, start_second)
+    paired = same_start and paired_a and paired_b
+    if not paired:  # both sides as whole-run values, so they are resampled alike
+        samples_a, samples_b = [[v] for v in a], [[v] for v in b]
+    over = "seeds and plays, each play paired with the starting model's" if paired else "seeds only"
+    boot = bootstrap_difference(samples_a, samples_b)
     return dict(
         first=dict(seed_spread(a), seeds=[r["seed"] for r in first], returns=a),
         second=dict(seed_spread(b), seeds=[r["seed"] for r in second], returns=b),
